@@ -1,0 +1,59 @@
+// The entry point of execution: FusionExecutorCache takes a definition, and for each distinct
+// input signature (shapes, dtypes, devices) and lowering parameters it lowers once to a per-rank
+// host program and caches it; a second execute with the same signature does no lowering work.
+#pragma once
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "backends/backend.h"
+#include "ir/ir.h"
+#include "runtime/tensor.h"
+
+namespace meshfuse {
+
+struct HostIrLowerParams {
+  CommunicatorBackend communicator_backend = CommunicatorBackend::Auto;
+};
+
+struct HostIrEvaluatorParams {
+  int64_t number_of_streams = 4;
+  // Deadline of every wait on a communication (env MESHFUSE_TIMEOUT, in seconds, overrides).
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  std::string trace_path;  // when set, a Chrome trace JSON of the execution is written there
+};
+
+struct MultiDeviceExecutorParams {
+  HostIrLowerParams lower;
+  HostIrEvaluatorParams executor;
+};
+
+// One input of execute(): a tensor, a scalar, or none (an input whose mesh excludes this rank).
+using Argument = std::variant<std::monostate, Tensor, double>;
+
+class HostIrContainer;
+
+class FusionExecutorCache {
+ public:
+  explicit FusionExecutorCache(std::shared_ptr<Fusion> fusion);
+  ~FusionExecutorCache();
+  // One tensor per fusion output, undefined where that output does not live on this rank.
+  std::vector<Tensor> execute(const std::vector<Argument>& inputs, const MultiDeviceExecutorParams& params = {});
+  // The host program (this rank's) of the last execution, or "" before the first.
+  std::string lastHostIr() const;
+  // The fusion after sharding propagation and resharding insertion, of the last execution.
+  std::string lastLoweredFusion() const;
+  size_t numCachedPrograms() const { return programs_.size(); }
+  const Fusion& fusion() const { return *fusion_; }
+
+ private:
+  struct Program;
+  std::shared_ptr<Fusion> fusion_;
+  std::map<std::string, std::shared_ptr<Program>> programs_;
+  std::shared_ptr<Program> last_;
+};
+
+}  // namespace meshfuse

@@ -1,0 +1,277 @@
+#include "ir/ir.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <unordered_set>
+
+#include "runtime/tensor.h"
+
+namespace meshfuse {
+
+std::string Scalar::name() const { return "S" + std::to_string(id()); }
+
+TensorView::TensorView(Fusion* f, int id, DataType dtype, std::vector<int64_t> shape, std::vector<bool> contiguity)
+    : Val(f, id, Kind::Tensor, dtype), shape_(std::move(shape)), contiguity_(std::move(contiguity)) {
+  if (contiguity_.empty()) contiguity_.assign(shape_.size(), true);
+  if (contiguity_.size() != shape_.size())
+    throw UserError("contiguity has " + std::to_string(contiguity_.size()) + " entries for a tensor of rank " +
+                    std::to_string(shape_.size()));
+  for (int64_t e : shape_)
+    if (e < -1) throw UserError("extent " + std::to_string(e) + " is neither -1 (symbolic) nor a size");
+  for (size_t i = 0; i < shape_.size(); ++i) loop_.push_back(LoopAxis{static_cast<int>(i)});
+}
+
+std::string TensorView::name() const { return "T" + std::to_string(id()); }
+
+bool TensorView::isContiguous() const {
+  return std::all_of(contiguity_.begin(), contiguity_.end(), [](bool c) { return c; });
+}
+
+void TensorView::split(int64_t loop_axis, int64_t factor, bool inner_split) {
+  if (loop_axis < 0) loop_axis += static_cast<int64_t>(loop_.size());
+  if (loop_axis < 0 || loop_axis >= static_cast<int64_t>(loop_.size()))
+    throw UserError(name() + ": split of axis " + std::to_string(loop_axis) + " but the loop domain has " +
+                    std::to_string(loop_.size()) + " axes");
+  if (factor <= 0) throw UserError(name() + ": split factor must be positive, got " + std::to_string(factor));
+  LoopAxis& a = loop_[loop_axis];
+  if (a.part != LoopAxis::Part::Whole)
+    throw UserError(name() + ": loop axis " + std::to_string(loop_axis) + " is already the result of a split");
+  int64_t extent = shape_[a.logical];
+  // Divisibility of symbolic extents is checked when they are bound.
+  if (extent >= 0 && extent % factor != 0)
+    throw UserError(name() + ": axis " + std::to_string(a.logical) + " of extent " + std::to_string(extent) +
+                    " does not split evenly by " + std::to_string(factor));
+  LoopAxis outer{a.logical, LoopAxis::Part::Outer, factor, !inner_split};
+  LoopAxis inner{a.logical, LoopAxis::Part::Inner, factor, !inner_split};
+  loop_[loop_axis] = outer;
+  loop_.insert(loop_.begin() + loop_axis + 1, inner);
+}
+
+void TensorView::parallelize(int64_t loop_axis, ParallelType p) {
+  if (loop_axis < 0) loop_axis += static_cast<int64_t>(loop_.size());
+  if (loop_axis < 0 || loop_axis >= static_cast<int64_t>(loop_.size()))
+    throw UserError(name() + ": axis(" + std::to_string(loop_axis) + ") but the loop domain has " +
+                    std::to_string(loop_.size()) + " axes");
+  LoopAxis& a = loop_[loop_axis];
+  if (p != ParallelType::Serial) {
+    if (a.part == LoopAxis::Part::Inner)
+      throw UserError(name() + ": only the outer part of a split (or a whole axis) can be parallelized on " + toString(p));
+    for (const LoopAxis& other : loop_)
+      if (&other != &a && other.parallel == p)
+        throw UserError(name() + ": two axes parallelized on " + toString(p));
+  }
+  a.parallel = p;
+}
+
+int TensorView::shardedAxis(ParallelType p) const {
+  for (const LoopAxis& a : loop_)
+    if (a.parallel == p) return a.logical;
+  return -1;
+}
+
+int64_t TensorView::partsAlong(ParallelType p, int64_t logical_extent) const {
+  for (const LoopAxis& a : loop_) {
+    if (a.parallel != p) continue;
+    if (a.part == LoopAxis::Part::Whole) return logical_extent;
+    return a.outer_split ? a.factor : logical_extent / a.factor;
+  }
+  return 1;
+}
+
+int TensorView::streamAxis() const { return shardedAxis(ParallelType::Stream); }
+
+int64_t TensorView::streamChunks(int64_t logical_extent) const { return partsAlong(ParallelType::Stream, logical_extent); }
+
+bool TensorView::isSharded() const {
+  return std::any_of(loop_.begin(), loop_.end(), [](const LoopAxis& a) { return isMeshParallel(a.parallel); });
+}
+
+std::string TensorView::loopToString() const {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < loop_.size(); ++i) {
+    const LoopAxis& a = loop_[i];
+    os << (i ? ", " : "");
+    if (a.parallel != ParallelType::Serial) os << toString(a.parallel) << ":";
+    os << "i" << a.logical;
+    if (a.part != LoopAxis::Part::Whole) {
+      bool given = (a.part == LoopAxis::Part::Outer) == a.outer_split;
+      os << (a.part == LoopAxis::Part::Outer ? "o" : "i");
+      if (given) os << "{" << a.factor << "}";
+    }
+  }
+  os << "]";
+  return os.str();
+}
+
+std::string toString(OpType op) {
+  switch (op) {
+    case OpType::Neg: return "neg";
+    case OpType::Abs: return "abs";
+    case OpType::Exp: return "exp";
+    case OpType::Log: return "log";
+    case OpType::Sqrt: return "sqrt";
+    case OpType::Relu: return "relu";
+    case OpType::Sigmoid: return "sigmoid";
+    case OpType::Tanh: return "tanh";
+    case OpType::Gelu: return "gelu";
+    case OpType::Add: return "add";
+    case OpType::Sub: return "sub";
+    case OpType::Mul: return "mul";
+    case OpType::Div: return "div";
+    case OpType::Max: return "maximum";
+    case OpType::Min: return "minimum";
+    case OpType::Pow: return "pow";
+    case OpType::Cast: return "cast";
+    case OpType::Set: return "set";
+    case OpType::Sum: return "sum";
+    case OpType::ReduceMax: return "max";
+    case OpType::Mean: return "mean";
+    case OpType::BroadcastInDim: return "broadcast_in_dim";
+    case OpType::Reshape: return "reshape";
+    case OpType::Permute: return "permute";
+    case OpType::Matmul: return "matmul";
+    case OpType::Linear: return "linear";
+  }
+  return "?";
+}
+
+bool isUnary(OpType op) { return op <= OpType::Gelu; }
+bool isBinary(OpType op) { return op >= OpType::Add && op <= OpType::Pow; }
+bool isPointwise(OpType op) { return isUnary(op) || isBinary(op) || op == OpType::Cast || op == OpType::Set; }
+bool isReduction(OpType op) { return op == OpType::Sum || op == OpType::ReduceMax || op == OpType::Mean; }
+
+TensorView* Expr::out() const { return static_cast<TensorView*>(outputs_.at(0)); }
+
+TensorView* Expr::inputTv(size_t i) const {
+  Val* v = inputs_.at(i);
+  return v->isTensor() ? static_cast<TensorView*>(v) : nullptr;
+}
+
+namespace {
+std::string valToString(const Val* v) {
+  if (v->isTensor()) {
+    auto* tv = static_cast<const TensorView*>(v);
+    std::string s = tv->name() + "_" + toString(tv->dtype()) + shapeToString(tv->shape());
+    if (tv->hasDeviceMesh()) s += " " + tv->deviceMesh()->toString();
+    if (tv->isSharded() || tv->streamAxis() >= 0) s += " loop" + tv->loopToString();
+    return s;
+  }
+  auto* s = static_cast<const Scalar*>(v);
+  if (s->isConstant()) {
+    std::ostringstream os;
+    os << s->name() << "=" << *s->value();
+    return os.str();
+  }
+  return s->name() + "_" + toString(s->dtype());
+}
+}  // namespace
+
+std::string Expr::toString() const {
+  std::ostringstream os;
+  for (size_t i = 0; i < outputs_.size(); ++i) os << (i ? ", " : "") << valToString(outputs_[i]);
+  os << " = " << meshfuse::toString(op_) << "(";
+  for (size_t i = 0; i < inputs_.size(); ++i) os << (i ? ", " : "") << inputs_[i]->name();
+  if (!attrs_.axes.empty()) os << ", axes=" << shapeToString(attrs_.axes);
+  if (!attrs_.shape.empty()) os << ", shape=" << shapeToString(attrs_.shape);
+  if (attrs_.keepdim) os << ", keepdim=True";
+  if (op_ == OpType::Cast) os << ", dtype=" << meshfuse::toString(attrs_.cast_to);
+  os << ")";
+  return os.str();
+}
+
+TensorView* Fusion::newTensor(DataType dtype, std::vector<int64_t> shape, std::vector<bool> contiguity) {
+  auto tv = std::make_unique<TensorView>(this, static_cast<int>(vals_.size()), dtype, std::move(shape), std::move(contiguity));
+  TensorView* raw = tv.get();
+  vals_.push_back(std::move(tv));
+  return raw;
+}
+
+Scalar* Fusion::newScalar(DataType dtype, std::optional<double> value) {
+  auto s = std::make_unique<Scalar>(this, static_cast<int>(vals_.size()), dtype, value);
+  Scalar* raw = s.get();
+  vals_.push_back(std::move(s));
+  return raw;
+}
+
+Expr* Fusion::newExpr(OpType op, std::vector<Val*> inputs, std::vector<Val*> outputs, ExprAttributes attrs) {
+  for (Val* v : inputs)
+    if (!owns(v)) throw UserError(toString(op) + ": operand " + (v ? v->name() : "None") + " belongs to another fusion");
+  auto e = std::make_unique<Expr>(static_cast<int>(exprs_.size()), op, std::move(inputs), std::move(outputs), std::move(attrs));
+  Expr* raw = e.get();
+  for (Val* v : raw->inputs()) v->uses_.push_back(raw);
+  for (Val* v : raw->outputs()) v->definition_ = raw;
+  exprs_.push_back(std::move(e));
+  return raw;
+}
+
+void Fusion::addInput(Val* v) {
+  if (!owns(v)) throw UserError("add_input: " + v->name() + " belongs to another fusion");
+  if (v->definition()) throw UserError("add_input: " + v->name() + " is computed by an expression");
+  if (!isInput(v)) inputs_.push_back(v);
+}
+
+void Fusion::addOutput(Val* v) {
+  if (!owns(v)) throw UserError("add_output: " + (v ? v->name() : std::string("None")) + " is not a tensor of this fusion");
+  if (!v->isTensor()) throw UserError("add_output: " + v->name() + " is a scalar; outputs are tensors");
+  if (!isOutput(v)) outputs_.push_back(v);
+}
+
+bool Fusion::isInput(const Val* v) const { return std::find(inputs_.begin(), inputs_.end(), v) != inputs_.end(); }
+bool Fusion::isOutput(const Val* v) const { return std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end(); }
+
+std::vector<Expr*> Fusion::liveExprs() const {
+  std::unordered_set<const Val*> needed(outputs_.begin(), outputs_.end());
+  std::vector<Expr*> live;
+  for (auto it = exprs_.rbegin(); it != exprs_.rend(); ++it) {
+    Expr* e = it->get();
+    bool used = std::any_of(e->outputs().begin(), e->outputs().end(), [&](Val* o) { return needed.count(o) > 0; });
+    if (!used) continue;
+    live.push_back(e);
+    for (Val* in : e->inputs()) needed.insert(in);
+  }
+  std::reverse(live.begin(), live.end());
+  return live;
+}
+
+std::string Fusion::toString() const {
+  std::ostringstream os;
+  os << "Fusion {\n  inputs:";
+  for (Val* v : inputs_) os << "\n    " << valToString(v);
+  os << "\n  exprs:";
+  for (const auto& e : exprs_) os << "\n    " << e->toString();
+  os << "\n  outputs:";
+  for (Val* v : outputs_) os << " " << v->name();
+  os << "\n}\n";
+  return os.str();
+}
+
+std::unique_ptr<Fusion> Fusion::clone(std::vector<Val*>* map_out) const {
+  auto copy = std::make_unique<Fusion>();
+  std::vector<Val*> map(vals_.size(), nullptr);
+  for (const auto& v : vals_) {
+    if (v->isTensor()) {
+      auto* tv = static_cast<const TensorView*>(v.get());
+      TensorView* n = copy->newTensor(tv->dtype(), tv->shape(), tv->contiguity());
+      if (tv->hasDeviceMesh()) n->setDeviceMesh(*tv->deviceMesh());
+      n->setLoop(tv->loop());
+      map[v->id()] = n;
+    } else {
+      auto* s = static_cast<const Scalar*>(v.get());
+      map[v->id()] = copy->newScalar(s->dtype(), s->value());
+    }
+  }
+  for (const auto& e : exprs_) {
+    std::vector<Val*> ins, outs;
+    for (Val* v : e->inputs()) ins.push_back(map[v->id()]);
+    for (Val* v : e->outputs()) outs.push_back(map[v->id()]);
+    copy->newExpr(e->op(), ins, outs, e->attrs());
+  }
+  for (Val* v : inputs_) copy->inputs_.push_back(map[v->id()]);
+  for (Val* v : outputs_) copy->outputs_.push_back(map[v->id()]);
+  if (map_out) *map_out = std::move(map);
+  return copy;
+}
+
+}  // namespace meshfuse

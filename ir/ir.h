@@ -1,0 +1,190 @@
+// The IR: a Fusion owns Vals (TensorViews and Scalars) and the Exprs between them. Shapes are
+// global (logical); an extent of -1 is symbolic and bound when the fusion executes. A TensorView
+// also carries its multi-device annotations: a DeviceMesh and a loop domain whose axes can be split
+// and parallelized over mesh dimensions or streams.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "multidevice/device_mesh.h"
+#include "runtime/dtype.h"
+
+namespace meshfuse {
+
+class Fusion;
+class Expr;
+
+// Raised for every mistake in a definition or in execute()'s inputs; Python sees ValueError.
+class UserError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+class Val {
+ public:
+  enum class Kind : uint8_t { Tensor, Scalar };
+  Val(Fusion* fusion, int id, Kind kind, DataType dtype) : fusion_(fusion), id_(id), kind_(kind), dtype_(dtype) {}
+  virtual ~Val() = default;
+  Fusion* fusion() const { return fusion_; }
+  int id() const { return id_; }
+  Kind kind() const { return kind_; }
+  bool isTensor() const { return kind_ == Kind::Tensor; }
+  DataType dtype() const { return dtype_; }
+  Expr* definition() const { return definition_; }
+  const std::vector<Expr*>& uses() const { return uses_; }
+  virtual std::string name() const = 0;
+
+ private:
+  friend class Fusion;
+  Fusion* fusion_;
+  int id_;
+  Kind kind_;
+  DataType dtype_;
+  Expr* definition_ = nullptr;
+  std::vector<Expr*> uses_;
+};
+
+// A scalar: a constant when `value` is set, else an input of the fusion bound at execution.
+class Scalar : public Val {
+ public:
+  Scalar(Fusion* f, int id, DataType dtype, std::optional<double> value)
+      : Val(f, id, Kind::Scalar, dtype), value_(value) {}
+  const std::optional<double>& value() const { return value_; }
+  bool isConstant() const { return value_.has_value(); }
+  std::string name() const override;
+
+ private:
+  std::optional<double> value_;
+};
+
+// One axis of a TensorView's loop domain. A logical axis is whole, or split into an outer and an
+// inner part: outer_split(a, n) makes the outer part n long, split(a, n) makes the inner part n long.
+struct LoopAxis {
+  enum class Part : uint8_t { Whole, Outer, Inner };
+  int logical = 0;             // the logical axis it comes from
+  Part part = Part::Whole;
+  int64_t factor = 0;          // the split's given extent (0 when whole)
+  bool outer_split = false;    // whether `factor` is the outer part's extent
+  ParallelType parallel = ParallelType::Serial;
+};
+
+class TensorView : public Val {
+ public:
+  TensorView(Fusion* f, int id, DataType dtype, std::vector<int64_t> shape, std::vector<bool> contiguity);
+  std::string name() const override;
+
+  const std::vector<int64_t>& shape() const { return shape_; }  // global, -1 = symbolic
+  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
+  const std::vector<bool>& contiguity() const { return contiguity_; }
+  bool isContiguous() const;
+
+  // Multi-device annotations (nvFuser's names).
+  void setDeviceMesh(const DeviceMesh& mesh) { mesh_ = mesh; }
+  const std::optional<DeviceMesh>& deviceMesh() const { return mesh_; }
+  bool hasDeviceMesh() const { return mesh_.has_value(); }
+  const std::vector<LoopAxis>& loop() const { return loop_; }
+  void split(int64_t loop_axis, int64_t factor, bool inner_split = true);
+  void outerSplit(int64_t loop_axis, int64_t parts) { split(loop_axis, parts, /*inner_split=*/false); }
+  void parallelize(int64_t loop_axis, ParallelType p);
+  void setLoop(std::vector<LoopAxis> loop) { loop_ = std::move(loop); }
+  // The logical axis sharded over p's mesh dimension, or -1.
+  int shardedAxis(ParallelType p) const;
+  // The number of chunks the logical axis is split into along p (the mesh size or stream count).
+  int64_t partsAlong(ParallelType p, int64_t logical_extent) const;
+  // The logical axis parallelized on streams, or -1; with its chunk count.
+  int streamAxis() const;
+  int64_t streamChunks(int64_t logical_extent) const;
+  bool isSharded() const;
+  std::string loopToString() const;
+
+ private:
+  std::vector<int64_t> shape_;
+  std::vector<bool> contiguity_;
+  std::optional<DeviceMesh> mesh_;
+  std::vector<LoopAxis> loop_;
+};
+
+enum class OpType : uint8_t {
+  // unary
+  Neg, Abs, Exp, Log, Sqrt, Relu, Sigmoid, Tanh, Gelu,
+  // binary
+  Add, Sub, Mul, Div, Max, Min, Pow,
+  // others
+  Cast, Set, Sum, ReduceMax, Mean, BroadcastInDim, Reshape, Permute, Matmul, Linear,
+};
+std::string toString(OpType op);
+bool isUnary(OpType op);
+bool isBinary(OpType op);
+bool isPointwise(OpType op);  // unary, binary, cast, set
+bool isReduction(OpType op);  // sum, max, mean
+
+// Operands, results and the attributes an op needs; `axes` holds reduction axes, the permutation,
+// broadcast_in_dim's kept dims or reshape's new shape.
+struct ExprAttributes {
+  std::vector<int64_t> axes;
+  std::vector<int64_t> shape;  // broadcast_in_dim's output shape, reshape's target
+  bool keepdim = false;
+  DataType cast_to = DataType::Float;
+};
+
+class Expr {
+ public:
+  Expr(int id, OpType op, std::vector<Val*> inputs, std::vector<Val*> outputs, ExprAttributes attrs)
+      : id_(id), op_(op), inputs_(std::move(inputs)), outputs_(std::move(outputs)), attrs_(std::move(attrs)) {}
+  int id() const { return id_; }
+  OpType op() const { return op_; }
+  const std::vector<Val*>& inputs() const { return inputs_; }
+  const std::vector<Val*>& outputs() const { return outputs_; }
+  Val* input(size_t i) const { return inputs_.at(i); }
+  TensorView* out() const;  // the single TensorView result
+  TensorView* inputTv(size_t i) const;  // nullptr when input i is a scalar
+  const ExprAttributes& attrs() const { return attrs_; }
+  std::string toString() const;
+
+ private:
+  int id_;
+  OpType op_;
+  std::vector<Val*> inputs_;
+  std::vector<Val*> outputs_;
+  ExprAttributes attrs_;
+};
+
+class Fusion {
+ public:
+  Fusion() = default;
+  Fusion(const Fusion&) = delete;
+  Fusion& operator=(const Fusion&) = delete;
+
+  TensorView* newTensor(DataType dtype, std::vector<int64_t> shape, std::vector<bool> contiguity = {});
+  Scalar* newScalar(DataType dtype, std::optional<double> value);
+  Expr* newExpr(OpType op, std::vector<Val*> inputs, std::vector<Val*> outputs, ExprAttributes attrs = {});
+
+  void addInput(Val* v);
+  void addOutput(Val* v);
+  const std::vector<Val*>& inputs() const { return inputs_; }
+  const std::vector<Val*>& outputs() const { return outputs_; }
+  bool isInput(const Val* v) const;
+  bool isOutput(const Val* v) const;
+  bool owns(const Val* v) const { return v != nullptr && v->fusion() == this; }
+
+  // Expressions in definition order (a topological order: an expr only uses earlier values).
+  const std::vector<std::unique_ptr<Expr>>& exprs() const { return exprs_; }
+  const std::vector<std::unique_ptr<Val>>& vals() const { return vals_; }
+  // Exprs that contribute to an output, in topological order.
+  std::vector<Expr*> liveExprs() const;
+  std::string toString() const;
+
+  // A deep copy; `map` (if given) receives old val id -> new Val*.
+  std::unique_ptr<Fusion> clone(std::vector<Val*>* map = nullptr) const;
+
+ private:
+  std::vector<std::unique_ptr<Val>> vals_;
+  std::vector<std::unique_ptr<Expr>> exprs_;
+  std::vector<Val*> inputs_;
+  std::vector<Val*> outputs_;
+};
+
+}  // namespace meshfuse

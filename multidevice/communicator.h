@@ -1,0 +1,67 @@
+// The Communicator: one per process, bootstrapped by MPI (mpirun, srun with PMIx, or a singleton
+// world of size 1 when started without a launcher). It knows the world and hands out Backend
+// objects per (backend type, team), creating each lazily, collectively over the team's members.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+
+namespace meshfuse {
+
+class Communicator;
+// Builds a backend for `team` (called on every member of the team, at the same point).
+using BackendFactory = std::function<std::unique_ptr<Backend>(Communicator&, const std::vector<int64_t>& team)>;
+
+// Backends register themselves from their own .cpp file (static initialization), so adding one
+// needs no edit here. Returns true so it can initialize a static.
+bool registerBackend(CommunicatorBackend type, BackendFactory factory);
+
+class Communicator {
+ public:
+  static Communicator& instance();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int64_t rank() const { return rank_; }
+  int64_t size() const { return size_; }
+  int64_t localRank() const { return local_rank_; }
+  int64_t localSize() const { return local_size_; }
+  void barrier();
+
+  // The backends compiled in and usable here (MPI always; Gloo, NCCL, CUDA when built).
+  std::vector<CommunicatorBackend> availableBackends() const;
+  bool isAvailable(CommunicatorBackend type) const;
+  // Resolves `auto` for tensors on `device` (NCCL for CUDA when present, else MPI).
+  CommunicatorBackend resolve(CommunicatorBackend requested, Device device) const;
+  // The cached backend for (type, team); the first call must be made by every member of the team.
+  // Throws std::invalid_argument naming the available backends when `type` is not built.
+  Backend& backend(CommunicatorBackend type, const std::vector<int64_t>& team);
+
+  // Bootstrap helpers over the world (MPI), used by backends to exchange ids and by the
+  // executor's pre-flight check. Each has a deadline: a rank that never arrives is an error.
+  // Every member of `team` passes `bytes` of the same size; returns all contributions, in team order.
+  std::vector<std::string> allgatherBytes(const std::vector<int64_t>& team, const std::string& bytes,
+                                          std::chrono::milliseconds timeout);
+  // The MPI communicator (MPI_Comm, as a handle) for a team, created on first use (collective over the team).
+  void* mpiCommFor(const std::vector<int64_t>& team);
+
+  // Ends every process of the job (the last resort when a rank cannot make progress).
+  [[noreturn]] void abort(int code, const std::string& why);
+
+ private:
+  Communicator();
+  ~Communicator();
+  int64_t rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  bool finalize_mpi_ = false;
+  std::mutex mutex_;
+  std::map<std::pair<CommunicatorBackend, std::vector<int64_t>>, std::unique_ptr<Backend>> backends_;
+  std::map<std::vector<int64_t>, void*> mpi_comms_;
+};
+
+}  // namespace meshfuse

@@ -1,0 +1,256 @@
+#include "runtime/tensor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+#include "runtime/element.h"
+
+namespace meshfuse {
+
+std::string Device::toString() const {
+  return type == DeviceType::CPU ? "cpu" : "cuda:" + std::to_string(index);
+}
+
+namespace {
+std::atomic<int64_t> g_cpu_bytes{0};
+
+class CpuAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) throw std::bad_alloc();
+    g_cpu_bytes += static_cast<int64_t>(bytes);
+    return p;
+  }
+  void deallocate(void* ptr, size_t bytes) override {
+    std::free(ptr);
+    g_cpu_bytes -= static_cast<int64_t>(bytes);
+  }
+  Device device() const override { return Device::cpu(); }
+};
+}  // namespace
+
+Allocator* cpuAllocator() {
+  static CpuAllocator allocator;
+  return &allocator;
+}
+
+int64_t cpuBytesInUse() { return g_cpu_bytes.load(); }
+
+// Defined weakly here so that a build without CUDA links; runtime/cuda/ provides the real one.
+Allocator* cudaAllocator(int device_index) __attribute__((weak));
+
+Allocator* allocatorFor(Device device) {
+  if (device.type == DeviceType::CPU) return cpuAllocator();
+  if (cudaAllocator == nullptr) throw std::runtime_error("meshfuse was built without CUDA: no allocator for " + device.toString());
+  return cudaAllocator(device.index);
+}
+
+Storage::Storage(void* data, size_t bytes, Device device, std::function<void(void*)> release)
+    : data_(data), bytes_(bytes), device_(device), release_(std::move(release)) {}
+
+Storage::~Storage() {
+  if (release_) release_(data_);
+}
+
+std::vector<int64_t> contiguousStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    strides[i] = strides[i + 1] * std::max<int64_t>(shape[i + 1], 1);
+  return strides;
+}
+
+int64_t numelOf(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+std::string shapeToString(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, int64_t byte_offset, DataType dtype, std::vector<int64_t> shape,
+               std::vector<int64_t> strides)
+    : storage_(std::move(storage)),
+      byte_offset_(byte_offset),
+      dtype_(dtype),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)) {
+  if (shape_.size() != strides_.size()) throw std::invalid_argument("Tensor: shape and strides differ in rank");
+}
+
+Tensor Tensor::empty(const std::vector<int64_t>& shape, DataType dtype, Device device) {
+  for (int64_t e : shape)
+    if (e < 0) throw std::invalid_argument("Tensor::empty: negative extent in " + shapeToString(shape));
+  Allocator* allocator = allocatorFor(device);
+  size_t bytes = static_cast<size_t>(numelOf(shape)) * dataTypeSize(dtype);
+  void* p = allocator->allocate(bytes);
+  auto storage = std::make_shared<Storage>(p, bytes, device, [allocator, bytes](void* q) { allocator->deallocate(q, bytes); });
+  return Tensor(std::move(storage), 0, dtype, shape, contiguousStrides(shape));
+}
+
+Tensor Tensor::zeros(const std::vector<int64_t>& shape, DataType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (device.type != DeviceType::CPU) throw std::runtime_error("Tensor::zeros: CPU only here");
+  std::memset(t.data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::fromBlob(void* data, DataType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides,
+                        Device device, std::function<void(void*)> release) {
+  // Size of the span the view can touch, for Storage::bytes().
+  int64_t span = 1;
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] > 0) span += (shape[i] - 1) * std::abs(strides[i]);
+  auto storage = std::make_shared<Storage>(data, static_cast<size_t>(span) * dataTypeSize(dtype), device, std::move(release));
+  return Tensor(std::move(storage), 0, dtype, std::move(shape), std::move(strides));
+}
+
+void* Tensor::data() const {
+  if (!storage_) return nullptr;
+  return static_cast<char*>(storage_->data()) + byte_offset_;
+}
+
+bool Tensor::isContiguous() const {
+  int64_t expected = 1;
+  for (int64_t i = dim() - 1; i >= 0; --i) {
+    if (shape_[i] == 1) continue;  // any stride is fine for an extent of one
+    if (strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  if (static_cast<int64_t>(dims.size()) != dim()) throw std::invalid_argument("permute: wrong number of dims");
+  std::vector<int64_t> shape(dims.size()), strides(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    int64_t d = dims[i];
+    if (d < 0 || d >= dim() || seen[d]) throw std::invalid_argument("permute: dims are not a permutation");
+    seen[d] = true;
+    shape[i] = shape_[d];
+    strides[i] = strides_[d];
+  }
+  return Tensor(storage_, byte_offset_, dtype_, shape, strides);
+}
+
+Tensor Tensor::slice(int64_t axis, int64_t start, int64_t length) const {
+  if (axis < 0 || axis >= dim() || start < 0 || length < 0 || start + length > shape_[axis])
+    throw std::out_of_range("slice out of range");
+  std::vector<int64_t> shape = shape_;
+  shape[axis] = length;
+  int64_t offset = byte_offset_ + start * strides_[axis] * static_cast<int64_t>(itemsize());
+  return Tensor(storage_, offset, dtype_, shape, strides_);
+}
+
+Tensor Tensor::expand(const std::vector<int64_t>& shape) const {
+  if (shape.size() != shape_.size()) throw std::invalid_argument("expand: rank differs");
+  std::vector<int64_t> strides = strides_;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape_[i] == shape[i]) continue;
+    if (shape_[i] != 1) throw std::invalid_argument("expand: extent " + std::to_string(shape_[i]) + " cannot broadcast");
+    strides[i] = 0;
+  }
+  return Tensor(storage_, byte_offset_, dtype_, shape, strides);
+}
+
+Tensor Tensor::view(const std::vector<int64_t>& shape) const {
+  if (!isContiguous()) throw std::invalid_argument("view: tensor is not contiguous");
+  if (numelOf(shape) != numel()) throw std::invalid_argument("view: element count differs");
+  return Tensor(storage_, byte_offset_, dtype_, shape, contiguousStrides(shape));
+}
+
+Tensor Tensor::contiguous() const {
+  if (isContiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape_, dtype_, device());
+  out.copyFrom(*this);
+  return out;
+}
+
+Tensor Tensor::to(DataType dtype) const {
+  if (dtype == dtype_) return *this;
+  Tensor out = empty(shape_, dtype, device());
+  out.copyFrom(*this);
+  return out;
+}
+
+namespace {
+// Calls f(dst_offset, src_offset) in elements for every logical index, innermost axis fastest.
+template <typename F>
+void forEachIndex(const std::vector<int64_t>& shape, const std::vector<int64_t>& a, const std::vector<int64_t>& b, F f) {
+  const size_t n = shape.size();
+  if (numelOf(shape) == 0) return;
+  if (n == 0) {
+    f(0, 0);
+    return;
+  }
+  std::vector<int64_t> idx(n, 0);
+  int64_t oa = 0, ob = 0;
+  const int64_t inner = shape[n - 1], sa = a[n - 1], sb = b[n - 1];
+  while (true) {
+    for (int64_t i = 0; i < inner; ++i) f(oa + i * sa, ob + i * sb);
+    int64_t d = static_cast<int64_t>(n) - 2;
+    for (; d >= 0; --d) {
+      oa += a[d];
+      ob += b[d];
+      if (++idx[d] < shape[d]) break;
+      oa -= a[d] * shape[d];
+      ob -= b[d] * shape[d];
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+}  // namespace
+
+void Tensor::copyFrom(const Tensor& src) {
+  if (src.shape() != shape_)
+    throw std::invalid_argument("copyFrom: shape " + shapeToString(src.shape()) + " into " + shapeToString(shape_));
+  if (device().type != DeviceType::CPU || src.device().type != DeviceType::CPU)
+    throw std::runtime_error("Tensor::copyFrom handles CPU tensors; device copies go through the CUDA runtime");
+  if (src.dtype() == dtype_ && isContiguous() && src.isContiguous()) {
+    std::memcpy(data(), src.data(), nbytes());
+    return;
+  }
+  char* d = static_cast<char*>(data());
+  const char* s = static_cast<const char*>(src.data());
+  const int64_t dsz = static_cast<int64_t>(itemsize()), ssz = static_cast<int64_t>(src.itemsize());
+  if (src.dtype() == dtype_) {
+    forEachIndex(shape_, strides_, src.strides(), [&](int64_t od, int64_t os) { std::memcpy(d + od * dsz, s + os * ssz, dsz); });
+    return;
+  }
+  const DataType sd = src.dtype();
+  forEachIndex(shape_, strides_, src.strides(), [&](int64_t od, int64_t os) {
+    storeFromDouble(d + od * dsz, dtype_, loadAsDouble(s + os * ssz, sd));
+  });
+}
+
+double Tensor::item(int64_t linear_index) const {
+  if (device().type != DeviceType::CPU) throw std::runtime_error("item(): CPU tensors only");
+  int64_t offset = 0, rem = linear_index;
+  for (int64_t d = dim() - 1; d >= 0; --d) {
+    offset += (rem % shape_[d]) * strides_[d];
+    rem /= shape_[d];
+  }
+  return loadAsDouble(static_cast<const char*>(data()) + offset * static_cast<int64_t>(itemsize()), dtype_);
+}
+
+std::string Tensor::toString() const {
+  return meshfuse::toString(dtype_) + shapeToString(shape_) + " " + device().toString();
+}
+
+}  // namespace meshfuse
