@@ -197,7 +197,7 @@ Scalar* Fusion::newScalar(DataType dtype, std::optional<double> value) {
 
 Expr* Fusion::newExpr(OpType op, std::vector<Val*> inputs, std::vector<Val*> outputs, ExprAttributes attrs) {
   for (Val* v : inputs)
-    if (!owns(v)) throw UserError(toString(op) + ": operand " + (v ? v->name() : "None") + " belongs to another fusion");
+    if (!owns(v)) throw UserError(meshfuse::toString(op) + ": operand " + (v ? v->name() : "None") + " belongs to another fusion");
   auto e = std::make_unique<Expr>(static_cast<int>(exprs_.size()), op, std::move(inputs), std::move(outputs), std::move(attrs));
   Expr* raw = e.get();
   for (Val* v : raw->inputs()) v->uses_.push_back(raw);
