@@ -181,6 +181,17 @@ Tensor Tensor::clone() const {
   return out;
 }
 
+Tensor Tensor::to(Device target) const {
+  if (target == device()) return *this;
+  if (cudaCopyBytes == nullptr) throw std::runtime_error("meshfuse was built without CUDA: cannot move a tensor to " + target.toString());
+  Tensor src = contiguous();
+  if (src.device().type != DeviceType::CPU && !src.isContiguous())
+    throw std::runtime_error("Tensor::to(device): non-contiguous device tensors are not supported");
+  Tensor out = empty(shape_, dtype_, target);
+  cudaCopyBytes(out.data(), target, src.data(), src.device(), src.nbytes());
+  return out;
+}
+
 Tensor Tensor::to(DataType dtype) const {
   if (dtype == dtype_) return *this;
   Tensor out = empty(shape_, dtype, device());

@@ -35,6 +35,10 @@ class Allocator {
 Allocator* cpuAllocator();
 // The allocator for a device; CUDA devices need a build with CUDA (else std::runtime_error).
 Allocator* allocatorFor(Device device);
+// Copies `bytes` between host and device memory (either side may be CUDA); provided by the CUDA
+// runtime (runtime/cuda/), absent (nullptr) in a build without CUDA. Synchronous.
+void cudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) __attribute__((weak));
+
 // Bytes currently allocated through cpuAllocator() (for leak tests).
 int64_t cpuBytesInUse();
 
@@ -101,6 +105,8 @@ class Tensor {
   // Copies src into this tensor (same shape; any strides; dtype conversion; CPU only).
   void copyFrom(const Tensor& src);
   Tensor to(DataType dtype) const;
+  // A copy on `device` (itself when already there). CPU<->CUDA needs a CUDA build.
+  Tensor to(Device device) const;
   // Reads element i of the logical (row-major) order, converted to double: for tests and debug.
   double item(int64_t linear_index) const;
 
