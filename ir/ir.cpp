@@ -156,6 +156,7 @@ std::string valToString(const Val* v) {
     std::string s = tv->name() + "_" + toString(tv->dtype()) + shapeToString(tv->shape());
     if (tv->hasDeviceMesh()) s += " " + tv->deviceMesh()->toString();
     if (tv->isSharded() || tv->streamAxis() >= 0) s += " loop" + tv->loopToString();
+    if (tv->isPartial()) s += " partial";
     return s;
   }
   auto* s = static_cast<const Scalar*>(v);
@@ -256,6 +257,7 @@ std::unique_ptr<Fusion> Fusion::clone(std::vector<Val*>* map_out) const {
       TensorView* n = copy->newTensor(tv->dtype(), tv->shape(), tv->contiguity());
       if (tv->hasDeviceMesh()) n->setDeviceMesh(*tv->deviceMesh());
       n->setLoop(tv->loop());
+      for (int i = 0; i < 3; ++i) n->setPartial(meshParallelType(i), tv->isPartial(meshParallelType(i)));
       map[v->id()] = n;
     } else {
       auto* s = static_cast<const Scalar*>(v.get());

@@ -99,12 +99,18 @@ class TensorView : public Val {
   int64_t streamChunks(int64_t logical_extent) const;
   bool isSharded() const;
   std::string loopToString() const;
+  // A Partial tensor along a mesh dimension holds, on each device of that dimension, a summand
+  // (or max/min operand) of the value: set by resharding insertion, never by users.
+  void setPartial(ParallelType p, bool partial) { partial_[meshAxisIndex(p)] = partial; }
+  bool isPartial(ParallelType p) const { return partial_[meshAxisIndex(p)]; }
+  bool isPartial() const { return partial_[0] || partial_[1] || partial_[2]; }
 
  private:
   std::vector<int64_t> shape_;
   std::vector<bool> contiguity_;
   std::optional<DeviceMesh> mesh_;
   std::vector<LoopAxis> loop_;
+  bool partial_[3] = {false, false, false};
 };
 
 enum class OpType : uint8_t {
