@@ -21,6 +21,9 @@ std::string toString(CommunicatorBackend b);
 enum class ReduceOp : uint8_t { Sum, Prod, Max, Min };
 std::string toString(ReduceOp op);
 
+// "[0, 2, 3]": how messages name a team.
+std::string teamToString(const std::vector<int64_t>& team);
+
 // A wait that ran past its deadline. The message names the communication, team, backend and wait.
 class CommunicationTimeout : public std::runtime_error {
  public:
