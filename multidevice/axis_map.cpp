@@ -1,0 +1,111 @@
+#include "multidevice/axis_map.h"
+
+#include <algorithm>
+
+namespace meshfuse {
+
+namespace {
+// Numpy broadcasting aligns trailing axes.
+std::vector<int> rightAligned(int64_t in_rank, int64_t out_rank) {
+  std::vector<int> m(in_rank);
+  for (int64_t a = 0; a < in_rank; ++a) m[a] = static_cast<int>(a + out_rank - in_rank);
+  return m;
+}
+
+std::vector<int> matmulAxes(const Expr* e, size_t i) {
+  int64_t ra = e->inputTv(0)->ndim(), rb = e->inputTv(1)->ndim();
+  int64_t out_rank = e->out()->ndim();
+  bool a_vec = ra == 1, b_vec = rb == 1;
+  int64_t out_batch = out_rank - (a_vec ? 0 : 1) - (b_vec ? 0 : 1);
+  int64_t rank = i == 0 ? ra : rb;
+  std::vector<int> m(rank, kNoAxis);
+  if (i == 0) {
+    m[rank - 1] = kReducedAxis;
+    if (!a_vec) m[rank - 2] = static_cast<int>(out_batch);
+    int64_t batch = a_vec ? 0 : rank - 2;
+    for (int64_t a = 0; a < batch; ++a) m[a] = static_cast<int>(a + out_batch - batch);
+  } else {
+    if (b_vec) {
+      m[0] = kReducedAxis;
+    } else {
+      m[rank - 2] = kReducedAxis;
+      m[rank - 1] = static_cast<int>(out_rank - 1);
+      int64_t batch = rank - 2;
+      for (int64_t a = 0; a < batch; ++a) m[a] = static_cast<int>(a + out_batch - batch);
+    }
+  }
+  return m;
+}
+
+std::vector<int> linearAxes(const Expr* e, size_t i) {
+  int64_t out_rank = e->out()->ndim();
+  const TensorView* in = e->inputTv(i);
+  if (i == 0) {
+    std::vector<int> m(in->ndim());
+    for (int64_t a = 0; a + 1 < in->ndim(); ++a) m[a] = static_cast<int>(a);
+    m.back() = kReducedAxis;
+    return m;
+  }
+  if (i == 1) {
+    if (in->ndim() == 1) return {kReducedAxis};
+    return {static_cast<int>(out_rank - 1), kReducedAxis};
+  }
+  return {static_cast<int>(out_rank - 1)};  // bias [N]
+}
+}  // namespace
+
+std::vector<int> inputToOutputAxes(const Expr* e, size_t i) {
+  const TensorView* in = e->inputTv(i);
+  if (in == nullptr) return {};
+  const int64_t out_rank = e->out()->ndim();
+  const auto& attrs = e->attrs();
+  OpType op = e->op();
+  if (isPointwise(op)) return rightAligned(in->ndim(), out_rank);
+  switch (op) {
+    case OpType::Sum:
+    case OpType::ReduceMax:
+    case OpType::Mean: {
+      std::vector<int> m(in->ndim());
+      int next = 0;
+      for (int64_t a = 0; a < in->ndim(); ++a) {
+        bool reduced = std::find(attrs.axes.begin(), attrs.axes.end(), a) != attrs.axes.end();
+        if (reduced) {
+          m[a] = kReducedAxis;
+          if (attrs.keepdim) ++next;
+        } else {
+          m[a] = next++;
+        }
+      }
+      return m;
+    }
+    case OpType::BroadcastInDim: {
+      std::vector<int> m(in->ndim());
+      for (int64_t a = 0; a < in->ndim(); ++a) m[a] = static_cast<int>(attrs.axes[a]);
+      return m;
+    }
+    case OpType::Permute: {
+      std::vector<int> m(in->ndim());
+      for (size_t j = 0; j < attrs.axes.size(); ++j) m[attrs.axes[j]] = static_cast<int>(j);
+      return m;
+    }
+    case OpType::Reshape: {
+      // Contiguous blocks of the leading axis stay contiguous blocks of the new leading axis.
+      std::vector<int> m(in->ndim(), kNoAxis);
+      if (in->ndim() > 0 && out_rank > 0) m[0] = 0;
+      return m;
+    }
+    case OpType::Matmul: return matmulAxes(e, i);
+    case OpType::Linear: return linearAxes(e, i);
+    default: break;
+  }
+  return std::vector<int>(in->ndim(), kNoAxis);
+}
+
+int inputAxisFor(const Expr* e, size_t i, int b) {
+  std::vector<int> m = inputToOutputAxes(e, i);
+  for (size_t a = 0; a < m.size(); ++a)
+    if (m[a] == b) return static_cast<int>(a);
+  return -1;
+}
+
+}  // namespace meshfuse

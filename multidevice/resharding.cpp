@@ -1,0 +1,364 @@
+#include "multidevice/resharding.h"
+
+#include <algorithm>
+#include <map>
+
+#include "multidevice/axis_map.h"
+#include "ops/ops.h"
+#include "runtime/tensor.h"
+
+namespace meshfuse {
+
+bool isMultiDevice(const Fusion& fusion) {
+  for (const auto& v : fusion.vals())
+    if (v->isTensor() && static_cast<const TensorView*>(v.get())->hasDeviceMesh()) return true;
+  return false;
+}
+
+bool isResharding(const Expr* e) {
+  if (e->op() != OpType::Set) return false;
+  const TensorView* in = e->inputTv(0);
+  const TensorView* out = e->out();
+  return in->deviceMesh() != out->deviceMesh() || !(shardingOf(in) == shardingOf(out));
+}
+
+namespace {
+
+std::string describe(const TensorView* tv) {
+  return tv->name() + " (" + (tv->hasDeviceMesh() ? tv->deviceMesh()->toString() : std::string("no mesh")) + ", " +
+         shardingOf(tv).toString() + ")";
+}
+
+bool axesDistinct(const Sharding& s) {
+  for (int i = 0; i < kMeshDims; ++i)
+    for (int j = i + 1; j < kMeshDims; ++j)
+      if (s.axis[i] >= 0 && s.axis[i] == s.axis[j]) return false;
+  return true;
+}
+
+class ReshardingPass {
+ public:
+  explicit ReshardingPass(const Fusion& original) : original_(original), out_(std::make_unique<Fusion>()) {
+    map_.assign(original.vals().size(), nullptr);
+    for (const auto& v : original.vals()) {
+      if (!v->isTensor()) continue;
+      auto* tv = static_cast<const TensorView*>(v.get());
+      if (tv->hasDeviceMesh() && !default_mesh_) default_mesh_ = *tv->deviceMesh();
+    }
+  }
+
+  ReshardedFusion run() {
+    for (Val* in : original_.inputs()) {
+      Val* n = copyVal(in);
+      map_[in->id()] = n;
+      out_->addInput(n);
+    }
+    // Constant scalars are not inputs: copy them on first use.
+    for (Expr* e : original_.liveExprs()) lowerExpr(e);
+    for (Val* o : original_.outputs()) {
+      if (map_[o->id()] == nullptr) map_[o->id()] = map_.at(o->id());  // an input used as output
+      Val* v = map_[o->id()];
+      out_->addOutput(v);
+    }
+    return {std::move(out_), std::move(map_)};
+  }
+
+ private:
+  Val* copyVal(const Val* v) {
+    if (!v->isTensor()) return out_->newScalar(v->dtype(), static_cast<const Scalar*>(v)->value());
+    auto* tv = static_cast<const TensorView*>(v);
+    TensorView* n = out_->newTensor(tv->dtype(), tv->shape(), tv->contiguity());
+    if (tv->hasDeviceMesh()) n->setDeviceMesh(*tv->deviceMesh());
+    else if (default_mesh_) n->setDeviceMesh(*default_mesh_);  // unannotated inputs: replicated on the mesh
+    n->setLoop(tv->loop());
+    return n;
+  }
+
+  Val* mapped(Val* v) {
+    if (map_[v->id()] == nullptr) {
+      if (v->isTensor()) throw std::logic_error("resharding: " + v->name() + " used before it is defined");
+      map_[v->id()] = copyVal(v);
+    }
+    return map_[v->id()];
+  }
+
+  // The output sharding implied by the inputs along each dim (Partial where a sharded axis is reduced).
+  Sharding propagate(const Expr* e, const std::vector<Val*>& inputs, const DeviceMesh& mesh) {
+    Sharding s;
+    for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (!inputs[i]->isTensor()) continue;
+        auto* tv = static_cast<TensorView*>(inputs[i]);
+        if (tv->deviceMesh() != mesh) continue;
+        int a = shardingOf(tv).axis[d];
+        if (a < 0) continue;
+        int b = inputToOutputAxes(e, i)[a];
+        if (b == kReducedAxis) {
+          s.partial[d] = true;
+        } else if (b >= 0 && s.axis[d] < 0 && std::find(s.axis.begin(), s.axis.end(), b) == s.axis.end()) {
+          s.axis[d] = b;
+        }
+        break;
+      }
+      if (s.partial[d]) s.axis[d] = -1;
+    }
+    return s;
+  }
+
+  TensorView* newTv(const TensorView* like_shape, DataType dtype, const DeviceMesh& mesh, const Sharding& s) {
+    TensorView* tv = out_->newTensor(dtype, like_shape->shape());
+    applySharding(tv, mesh, s);
+    return tv;
+  }
+
+  // One set from `in` to a tensor on `mesh` with sharding `s` (a single change).
+  TensorView* emitSet(TensorView* in, const DeviceMesh& mesh, const Sharding& s) {
+    TensorView* out = newTv(in, in->dtype(), mesh, s);
+    out_->newExpr(OpType::Set, {in}, {out});
+    return out;
+  }
+
+  // Moves `tv` to another mesh: Gather/Reduce to one device, Broadcast/Scatter from one device,
+  // SendRecv between meshes of one shape.
+  TensorView* crossMesh(TensorView* tv, const DeviceMesh& mesh, const Sharding& target) {
+    const DeviceMesh& src = *tv->deviceMesh();
+    Sharding s = shardingOf(tv);
+    if (mesh.size() == 1) return emitSet(tv, mesh, Sharding{});  // Gather / Reduce / one-device copy
+    if (src.size() == 1) {
+      if (mesh.rank() != 1)
+        throw UserError("resharding " + describe(tv) + " onto " + mesh.toString() + ": one device to a mesh needs a 1-D mesh");
+      if (!src.has(mesh.devices()[0]) && !mesh.has(src.devices()[0]) && target.axis[0] >= 0)
+        throw UserError("resharding " + describe(tv) + " onto " + mesh.toString() +
+                        ": a scatter's root must be a device of the target mesh");
+      Sharding t;
+      t.axis[0] = target.axis[0];
+      return emitSet(tv, mesh, t);  // Broadcast (replicate) or Scatter (shard)
+    }
+    if (src.shape() == mesh.shape()) {
+      if (s.partial[0] || s.partial[1] || s.partial[2]) {
+        Sharding resolved = s;
+        resolved.partial = {false, false, false};
+        tv = reshardSameMesh(tv, resolved);
+        s = resolved;
+      }
+      return emitSet(tv, mesh, s);  // SendRecv, device i of one mesh to device i of the other
+    }
+    throw UserError("cannot move " + describe(tv) + " onto " + mesh.toString() +
+                    ": meshes differ in shape and neither is a single device");
+  }
+
+  // The transition of one mesh dim from `cur` towards `target`, one communication each.
+  TensorView* reshardSameMesh(TensorView* tv, const Sharding& target) {
+    const DeviceMesh mesh = *tv->deviceMesh();
+    Sharding cur = shardingOf(tv);
+    for (int guard = 0; !(cur == target) && guard < 3 * kMeshDims; ++guard) {
+      int chosen = -1;
+      Sharding next;
+      for (int d = 0; d < kMeshDims && chosen < 0; ++d) {
+        if (cur.axis[d] == target.axis[d] && cur.partial[d] == target.partial[d]) continue;
+        if (target.partial[d])
+          throw UserError("cannot make " + describe(tv) + " Partial along " + toString(meshParallelType(d)));
+        Sharding candidate = cur;
+        candidate.axis[d] = target.axis[d];
+        candidate.partial[d] = false;
+        if (axesDistinct(candidate)) {
+          chosen = d;
+          next = candidate;
+        }
+      }
+      if (chosen < 0) {  // every direct step would shard one axis twice: gather one dim first
+        for (int d = 0; d < kMeshDims && chosen < 0; ++d) {
+          if (cur.axis[d] >= 0 && cur.axis[d] != target.axis[d]) {
+            chosen = d;
+            next = cur;
+            next.axis[d] = -1;
+          }
+        }
+      }
+      if (chosen < 0) throw std::logic_error("resharding made no progress for " + describe(tv));
+      tv = emitSet(tv, mesh, next);
+      cur = next;
+    }
+    return tv;
+  }
+
+  TensorView* reshard(TensorView* tv, const DeviceMesh& mesh, const Sharding& target) {
+    auto key = std::make_tuple(tv, mesh.devices(), mesh.shape(), target.axis, target.partial);
+    if (auto it = reshard_cache_.find(key); it != reshard_cache_.end()) return it->second;
+    TensorView* result = tv;
+    if (tv->deviceMesh() != mesh) result = crossMesh(result, mesh, target);
+    if (!(shardingOf(result) == target)) result = reshardSameMesh(result, target);
+    reshard_cache_[key] = result;
+    return result;
+  }
+
+  // The sharding input i must have for `e` to compute locally with output sharding `out`.
+  Sharding requiredInput(const Expr* e, size_t i, const TensorView* in, const Sharding& out, const Sharding& partial_src,
+                         const DeviceMesh& mesh) {
+    Sharding r;
+    std::vector<int> m = inputToOutputAxes(e, i);
+    for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
+      if (out.partial[d]) {
+        // Keep the input's sharding on a reduced axis if it has one; else slice it there.
+        int a = partial_src.axis[d];
+        if (a < 0 || a >= static_cast<int>(m.size()) || m[a] != kReducedAxis) {
+          a = -1;
+          for (size_t k = 0; k < m.size(); ++k)
+            if (m[k] == kReducedAxis) a = static_cast<int>(k);
+        }
+        if (a < 0)
+          throw UserError(toString(e->op()) + ": operand " + in->name() +
+                          " has no reduced axis to shard while the result is Partial");
+        r.axis[d] = a;
+        continue;
+      }
+      int b = out.axis[d];
+      if (b < 0) continue;
+      for (size_t a = 0; a < m.size(); ++a) {
+        if (m[a] != b) continue;
+        if (in->shape()[a] == 1 && e->out()->shape()[b] != 1) break;  // broadcast operand: replicated
+        r.axis[d] = static_cast<int>(a);
+      }
+    }
+    return r;
+  }
+
+  // Lowers one original expr (or a piece of one) whose output should end up as `target` on `mesh`.
+  // Returns the value that holds the result with that sharding.
+  TensorView* lowerCompute(const Expr* e, std::vector<Val*> inputs, const DeviceMesh& mesh, std::optional<Sharding> target) {
+    // Compute on the inputs' mesh when they all share one that differs from the output's: reduce
+    // or move the (smaller) result, not the operands.
+    std::optional<DeviceMesh> in_mesh;
+    bool shared = true;
+    for (Val* v : inputs) {
+      if (!v->isTensor()) continue;
+      const auto& m = static_cast<TensorView*>(v)->deviceMesh();
+      if (!in_mesh) in_mesh = m;
+      else if (m != in_mesh) shared = false;
+    }
+    DeviceMesh compute_mesh = (in_mesh && shared) ? *in_mesh : mesh;
+    Sharding natural = propagate(e, inputs, compute_mesh);
+    Sharding compute = natural;
+    if (compute_mesh == mesh && target) {
+      compute = *target;
+      for (int d = 0; d < kMeshDims; ++d) {
+        // A reduction over a sharded axis stays local (Partial) and is reduced afterwards.
+        if (natural.partial[d]) {
+          compute.partial[d] = true;
+          compute.axis[d] = -1;
+        }
+      }
+    }
+    // Linear with bias and a Partial result: add the bias once, after the reduction.
+    if (e->op() == OpType::Linear && inputs.size() == 3 &&
+        std::any_of(compute.partial.begin(), compute.partial.end(), [](bool p) { return p; })) {
+      Sharding resolved = target ? *target : Sharding{};
+      if (!target)
+        for (int d = 0; d < kMeshDims; ++d) resolved.axis[d] = compute.partial[d] ? -1 : compute.axis[d];
+      TensorView* mm = lowerPiece(e, OpType::Linear, {inputs[0], inputs[1]}, compute_mesh, compute);
+      TensorView* reduced = reshard(mm, mesh, resolved);
+      TensorView* bias = static_cast<TensorView*>(inputs[2]);
+      const Expr* add = biasAdd(reduced, bias);
+      return lowerCompute(add, {reduced, bias}, mesh, resolved);
+    }
+    TensorView* result = lowerPiece(e, e->op(), inputs, compute_mesh, compute);
+    Sharding final_target = target.value_or(Sharding{});
+    if (!target) {
+      for (int d = 0; d < kMeshDims; ++d) final_target.axis[d] = compute.partial[d] ? -1 : compute.axis[d];
+    }
+    if (result->deviceMesh() != mesh || !(shardingOf(result) == final_target)) result = reshard(result, mesh, final_target);
+    if (e->op() == OpType::Mean) {
+      // Shards are equal, so the mean is the average of the local means: their sum over d devices, / d.
+      int64_t parts = 1;
+      for (int d = 0; d < kMeshDims; ++d)
+        if (compute.partial[d]) parts *= compute_mesh.size(meshParallelType(d));
+      if (parts > 1) {
+        Scalar* inv = out_->newScalar(DataType::Double, 1.0 / static_cast<double>(parts));
+        TensorView* scaled = newTv(result, result->dtype(), *result->deviceMesh(), shardingOf(result));
+        out_->newExpr(OpType::Mul, {result, inv}, {scaled});
+        result = scaled;
+      }
+    }
+    return result;
+  }
+
+  // An add expr in a scratch fusion used only to describe axis mappings for the bias add.
+  const Expr* biasAdd(TensorView* lhs, TensorView* bias) {
+    scratch_.push_back(std::make_unique<Fusion>());
+    Fusion& f = *scratch_.back();
+    TensorView* a = f.newTensor(lhs->dtype(), lhs->shape());
+    TensorView* b = f.newTensor(bias->dtype(), bias->shape());
+    ops::binary(OpType::Add, a, b);
+    return f.exprs().back().get();
+  }
+
+  TensorView* lowerPiece(const Expr* e, OpType op, std::vector<Val*> inputs, const DeviceMesh& mesh, const Sharding& out_s) {
+    std::vector<Val*> ready;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!inputs[i]->isTensor()) {
+        ready.push_back(inputs[i]);
+        continue;
+      }
+      auto* tv = static_cast<TensorView*>(inputs[i]);
+      Sharding partial_src = tv->deviceMesh() == mesh ? shardingOf(tv) : Sharding{};
+      Sharding need = requiredInput(e, i, tv, out_s, partial_src, mesh);
+      ready.push_back(reshard(tv, mesh, need));
+    }
+    ExprAttributes attrs = e->attrs();
+    DataType dtype = ops::resultType(op, ready, attrs);
+    TensorView* out = newTv(e->out(), dtype, mesh, out_s);  // a piece (linear without bias) keeps the shape
+    out_->newExpr(op, ready, {out}, attrs);
+    return out;
+  }
+
+  void lowerExpr(const Expr* e) {
+    std::vector<Val*> inputs;
+    for (Val* v : e->inputs()) inputs.push_back(mapped(v));
+    const TensorView* orig_out = e->out();
+    if (!default_mesh_) {  // single device: copy as is
+      TensorView* out = out_->newTensor(orig_out->dtype(), orig_out->shape(), orig_out->contiguity());
+      out_->newExpr(e->op(), inputs, {out}, e->attrs());
+      map_[orig_out->id()] = out;
+      return;
+    }
+    DeviceMesh mesh;
+    std::optional<Sharding> target;
+    if (orig_out->hasDeviceMesh()) {
+      mesh = *orig_out->deviceMesh();
+      target = shardingOf(orig_out);
+      if (target->partial[0] || target->partial[1] || target->partial[2])
+        throw UserError(orig_out->name() + ": outputs cannot be declared Partial");
+    } else {
+      mesh = *default_mesh_;
+      for (Val* v : inputs)
+        if (v->isTensor()) {
+          mesh = *static_cast<TensorView*>(v)->deviceMesh();
+          break;
+        }
+    }
+    TensorView* result;
+    if (e->op() == OpType::Set && target) {
+      // A user's set between shardings is the communication itself.
+      result = reshard(static_cast<TensorView*>(inputs[0]), mesh, *target);
+      if (result == inputs[0]) result = lowerCompute(e, inputs, mesh, target);
+    } else {
+      result = lowerCompute(e, inputs, mesh, target);
+    }
+    map_[orig_out->id()] = result;
+  }
+
+  const Fusion& original_;
+  std::unique_ptr<Fusion> out_;
+  std::vector<Val*> map_;
+  std::optional<DeviceMesh> default_mesh_;
+  std::map<std::tuple<TensorView*, std::vector<int64_t>, std::vector<int64_t>, std::array<int, 3>, std::array<bool, 3>>,
+           TensorView*>
+      reshard_cache_;
+  std::vector<std::unique_ptr<Fusion>> scratch_;
+};
+
+}  // namespace
+
+ReshardedFusion insertResharding(const Fusion& fusion) { return ReshardingPass(fusion).run(); }
+
+}  // namespace meshfuse
