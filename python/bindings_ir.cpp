@@ -1,0 +1,212 @@
+// Bindings of the IR (ir/ir.h) and the ops that build it (ops/ops.h).
+//
+// Ownership: a Fusion is held by std::shared_ptr (FusionExecutorCache shares it); its Vals are owned
+// by the Fusion and exposed without a deleter. Every function returning a Val keeps its first
+// argument alive (keep_alive<0, 1>): a Val's Python object keeps the Fusion (or an earlier Val of
+// it, and so on back to the Fusion) alive, so no Python object can outlive the memory it points to.
+#include <pybind11/stl.h>
+
+#include <sstream>
+
+#include "ir/ir.h"
+#include "ops/ops.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace meshfuse::python {
+
+namespace {
+
+template <typename T>
+using NoDelete = std::unique_ptr<T, py::nodelete>;
+
+// tv.axis(i): one axis of a TensorView's loop domain, so that `tv.axis(0).parallelize(p)` reads as
+// in nvFuser. It refers to the TensorView (kept alive by the Python object) by index.
+struct LoopAxisRef {
+  TensorView* tv;
+  int64_t index;
+
+  const LoopAxis& axis() const {
+    if (index >= static_cast<int64_t>(tv->loop().size()))
+      throw UserError(tv->name() + ": axis(" + std::to_string(index) + ") no longer exists: the loop domain has " +
+                      std::to_string(tv->loop().size()) + " axes");
+    return tv->loop()[index];
+  }
+  // The loop axis's extent: -1 where it derives from a symbolic extent.
+  int64_t extent() const {
+    const LoopAxis& a = axis();
+    int64_t logical = tv->shape()[a.logical];
+    if (a.part == LoopAxis::Part::Whole) return logical;
+    bool given = (a.part == LoopAxis::Part::Outer) == a.outer_split;
+    if (given) return a.factor;
+    return logical < 0 ? -1 : logical / a.factor;
+  }
+};
+
+LoopAxisRef axisOf(TensorView* tv, int64_t i) {
+  int64_t n = static_cast<int64_t>(tv->loop().size());
+  int64_t index = i < 0 ? i + n : i;
+  if (index < 0 || index >= n)
+    throw UserError(tv->name() + ": axis(" + std::to_string(i) + ") but the loop domain " + tv->loopToString() +
+                    " has " + std::to_string(n) + " axes");
+  return {tv, index};
+}
+
+void bindEnums(py::module_& m) {
+  py::enum_<DataType>(m, "DataType")
+      .value("Float", DataType::Float)
+      .value("Double", DataType::Double)
+      .value("Half", DataType::Half)
+      .value("BFloat16", DataType::BFloat16)
+      .value("Int", DataType::Int)
+      .value("Int32", DataType::Int32)
+      .value("Bool", DataType::Bool);
+  m.def("data_type_size", &dataTypeSize, "Bytes per element of a DataType");
+  m.def("promote_types", &promoteTypes, "The DataType of `a op b`");
+
+  py::enum_<ParallelType>(m, "ParallelType")
+      .value("serial", ParallelType::Serial)
+      .value("mesh_x", ParallelType::MeshX)
+      .value("mesh_y", ParallelType::MeshY)
+      .value("mesh_z", ParallelType::MeshZ)
+      .value("stream", ParallelType::Stream);
+}
+
+void bindVals(py::module_& m) {
+  py::class_<Val, NoDelete<Val>>(m, "Val")
+      .def_property_readonly("name", &Val::name)
+      .def_property_readonly("dtype", &Val::dtype)
+      .def_property_readonly("is_tensor", &Val::isTensor)
+      .def("__repr__", &Val::name);
+
+  py::class_<Scalar, Val, NoDelete<Scalar>>(m, "Scalar")
+      .def_property_readonly("value", &Scalar::value)
+      .def_property_readonly("is_constant", &Scalar::isConstant);
+
+  py::class_<LoopAxisRef>(m, "LoopAxis")
+      .def_property_readonly("extent", &LoopAxisRef::extent)
+      .def_property_readonly("logical_axis", [](const LoopAxisRef& a) { return a.axis().logical; })
+      .def_property_readonly("parallel_type", [](const LoopAxisRef& a) { return a.axis().parallel; })
+      .def(
+          "parallelize", [](LoopAxisRef& a, ParallelType p) { a.tv->parallelize(a.index, p); },
+          py::arg("parallel_type"))
+      .def("__repr__", [](const LoopAxisRef& a) {
+        return a.tv->name() + ".axis(" + std::to_string(a.index) + ") of " + a.tv->loopToString();
+      });
+
+  py::class_<TensorView, Val, NoDelete<TensorView>>(m, "TensorView")
+      .def_property_readonly("shape", &TensorView::shape)
+      .def_property_readonly("ndim", &TensorView::ndim)
+      .def_property_readonly("contiguity", &TensorView::contiguity)
+      .def("is_contiguous", &TensorView::isContiguous)
+      .def("set_device_mesh", &TensorView::setDeviceMesh, py::arg("mesh"))
+      .def_property_readonly("device_mesh", &TensorView::deviceMesh)
+      .def("split", &TensorView::split, py::arg("axis"), py::arg("factor"), py::arg("inner_split") = true)
+      .def("outer_split", &TensorView::outerSplit, py::arg("axis"), py::arg("parts"))
+      .def("parallelize", &TensorView::parallelize, py::arg("axis"), py::arg("parallel_type"))
+      .def("axis", &axisOf, py::arg("index"), py::keep_alive<0, 1>())
+      .def_property_readonly("num_loop_axes", [](const TensorView& tv) { return tv.loop().size(); })
+      .def_property_readonly("loop", &TensorView::loopToString)
+      .def("sharded_axis", &TensorView::shardedAxis, py::arg("parallel_type"),
+           "The logical axis sharded over the parallel type's mesh dimension, or -1")
+      .def_property_readonly("is_sharded", &TensorView::isSharded)
+      .def("__repr__", [](const TensorView& tv) {
+        std::ostringstream os;
+        os << tv.name() << "(" << toString(tv.dtype()) << ", shape=[";
+        for (size_t i = 0; i < tv.shape().size(); ++i) os << (i ? ", " : "") << tv.shape()[i];
+        os << "], loop=" << tv.loopToString();
+        if (tv.hasDeviceMesh()) os << ", " << tv.deviceMesh()->toString();
+        os << ")";
+        return os.str();
+      });
+}
+
+// A list of a fusion's Vals, each of which keeps the fusion's Python object alive.
+py::list valsOf(const std::vector<Val*>& vals, py::handle fusion) {
+  py::list out;
+  for (Val* v : vals) {
+    py::object o = py::cast(v, py::return_value_policy::reference);
+    py::detail::keep_alive_impl(o, fusion);
+    out.append(o);
+  }
+  return out;
+}
+
+void bindFusion(py::module_& m) {
+  constexpr auto ref = py::return_value_policy::reference;
+  py::class_<Fusion, std::shared_ptr<Fusion>>(m, "Fusion")
+      .def(py::init<>())
+      .def("new_tensor", &Fusion::newTensor, py::arg("dtype"), py::arg("shape"),
+           py::arg("contiguity") = std::vector<bool>{}, ref, py::keep_alive<0, 1>())
+      .def("new_scalar", &Fusion::newScalar, py::arg("dtype"), py::arg("value") = py::none(), ref,
+           py::keep_alive<0, 1>())
+      .def("add_input", &Fusion::addInput, py::arg("val"))
+      .def("add_output", &Fusion::addOutput, py::arg("val"))
+      .def("inputs", [](py::object self) { return valsOf(self.cast<const Fusion&>().inputs(), self); })
+      .def("outputs", [](py::object self) { return valsOf(self.cast<const Fusion&>().outputs(), self); })
+      .def(
+          "owns", [](const Fusion& f, const Val* v) { return f.owns(v); }, py::arg("val"))
+      .def("is_input", &Fusion::isInput, py::arg("val"))
+      .def("is_output", &Fusion::isOutput, py::arg("val"))
+      .def("__str__", &Fusion::toString)
+      .def("to_string", &Fusion::toString);
+}
+
+void bindOps(py::module_& m) {
+  py::module_ ops = m.def_submodule("ops", "Ops that append one expression to their operands' fusion");
+  constexpr auto ref = py::return_value_policy::reference;
+  auto keep = py::keep_alive<0, 1>();
+
+  const std::pair<const char*, OpType> unary_ops[] = {
+      {"neg", OpType::Neg},         {"abs", OpType::Abs},   {"exp", OpType::Exp},
+      {"log", OpType::Log},         {"sqrt", OpType::Sqrt}, {"relu", OpType::Relu},
+      {"sigmoid", OpType::Sigmoid}, {"tanh", OpType::Tanh}, {"gelu", OpType::Gelu}};
+  for (const auto& [name, op] : unary_ops)
+    ops.def(
+        name, [op = op](TensorView* x) { return ops::unary(op, x); }, py::arg("x"), ref, keep);
+
+  const std::pair<const char*, OpType> binary_ops[] = {
+      {"add", OpType::Add},     {"sub", OpType::Sub},     {"mul", OpType::Mul}, {"div", OpType::Div},
+      {"maximum", OpType::Max}, {"minimum", OpType::Min}, {"pow", OpType::Pow}};
+  for (const auto& [name, op] : binary_ops)
+    ops.def(
+        name, [op = op](Val* a, Val* b) { return ops::binary(op, a, b); }, py::arg("a"), py::arg("b"), ref, keep);
+
+  ops.def("cast", &ops::cast, py::arg("x"), py::arg("dtype"), ref, keep);
+  ops.def("set", &ops::set, py::arg("x"), ref, keep);
+  const std::pair<const char*, OpType> reductions[] = {
+      {"sum", OpType::Sum}, {"max", OpType::ReduceMax}, {"mean", OpType::Mean}};
+  for (const auto& [name, op] : reductions)
+    ops.def(
+        name,
+        [op = op](TensorView* x, std::vector<int64_t> axes, bool keepdim) {
+          return ops::reduction(op, x, std::move(axes), keepdim);
+        },
+        py::arg("x"), py::arg("axes"), py::arg("keepdim") = false, ref, keep);
+  ops.def("broadcast_in_dim", &ops::broadcastInDim, py::arg("x"), py::arg("shape"), py::arg("broadcast_dims"), ref,
+          keep);
+  ops.def("reshape", &ops::reshape, py::arg("x"), py::arg("new_shape"), ref, keep);
+  ops.def("permute", &ops::permute, py::arg("x"), py::arg("dims"), ref, keep);
+  ops.def("matmul", &ops::matmul, py::arg("a"), py::arg("b"), ref, keep);
+  ops.def("linear", &ops::linear, py::arg("x"), py::arg("weight"), py::arg("bias") = nullptr, ref, keep);
+  // A constant in the fusion of `owner` (for Python numbers used as operands).
+  ops.def(
+      "constant",
+      [](const Val* owner, double value, DataType dtype) {
+        if (owner == nullptr) throw UserError("constant: owner is None");
+        return owner->fusion()->newScalar(dtype, value);
+      },
+      py::arg("owner"), py::arg("value"), py::arg("dtype"), ref, keep);
+}
+
+}  // namespace
+
+void bindIr(py::module_& m) {
+  bindEnums(m);
+  bindVals(m);
+  bindFusion(m);
+  bindOps(m);
+}
+
+}  // namespace meshfuse::python

@@ -1,0 +1,77 @@
+// DeviceMesh, CommunicatorBackend and the process's Communicator.
+#include <pybind11/stl.h>
+
+#include "backends/backend.h"
+#include "multidevice/communicator.h"
+#include "multidevice/device_mesh.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace meshfuse::python {
+
+namespace {
+
+// Any iterable of Python ints (range, list, numpy array, ...).
+std::vector<int64_t> intsOf(const py::iterable& items, const char* what) {
+  std::vector<int64_t> out;
+  for (py::handle h : items) {
+    if (!PyLong_Check(h.ptr()) && !py::hasattr(h, "__index__"))
+      throw py::type_error(std::string("DeviceMesh: ") + what + " must be integers, got " +
+                           std::string(py::str(py::type::of(h).attr("__name__"))));
+    PyObject* index = PyNumber_Index(h.ptr());
+    if (index == nullptr) throw py::error_already_set();
+    out.push_back(py::reinterpret_steal<py::int_>(index).cast<int64_t>());
+  }
+  return out;
+}
+
+DeviceMesh makeMesh(const py::iterable& devices, const py::object& shape) {
+  std::vector<int64_t> ids = intsOf(devices, "devices");
+  if (shape.is_none()) return DeviceMesh(std::move(ids));
+  return DeviceMesh(std::move(ids), intsOf(shape.cast<py::iterable>(), "shape"));
+}
+
+}  // namespace
+
+void bindMultidevice(py::module_& m) {
+  py::enum_<CommunicatorBackend>(m, "CommunicatorBackend")
+      .value("auto", CommunicatorBackend::Auto)
+      .value("nccl", CommunicatorBackend::Nccl)
+      .value("ucc", CommunicatorBackend::Ucc)
+      .value("mpi", CommunicatorBackend::Mpi)
+      .value("gloo", CommunicatorBackend::Gloo)
+      .value("cuda", CommunicatorBackend::Cuda);
+
+  py::class_<DeviceMesh>(m, "DeviceMesh")
+      .def(py::init(&makeMesh), py::arg("devices"), py::arg("shape") = py::none(),
+           "A mesh of device ids (world ranks); `shape` (1 to 3 dims, mesh_x last) defaults to 1-D")
+      .def_property_readonly("size", py::overload_cast<>(&DeviceMesh::size, py::const_))
+      .def_property_readonly("devices", &DeviceMesh::devices)
+      .def_property_readonly("shape", &DeviceMesh::shape)
+      .def_property_readonly("ndim", &DeviceMesh::rank)
+      .def("size_along", py::overload_cast<ParallelType>(&DeviceMesh::size, py::const_), py::arg("parallel_type"),
+           "The extent of the mesh dimension the parallel type uses (1 when the mesh has no such dimension)")
+      .def("coordinate", &DeviceMesh::coordinate, py::arg("device"), py::arg("parallel_type"))
+      .def("team", &DeviceMesh::team, py::arg("device"), py::arg("parallel_type"))
+      .def("index_of", &DeviceMesh::indexOf, py::arg("device"))
+      .def("__contains__", &DeviceMesh::has)
+      .def("__len__", py::overload_cast<>(&DeviceMesh::size, py::const_))
+      .def(
+          "__eq__", [](const DeviceMesh& a, const DeviceMesh& b) { return a == b; }, py::is_operator())
+      .def("__repr__", &DeviceMesh::toString);
+
+  constexpr auto ref = py::return_value_policy::reference;
+  py::class_<Communicator, std::unique_ptr<Communicator, py::nodelete>>(m, "Communicator")
+      .def_static("instance", &Communicator::instance, ref,
+                  "The process's communicator (initializes MPI on first use; a world of one without a launcher)")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("local_rank", &Communicator::localRank)
+      .def_property_readonly("local_size", &Communicator::localSize)
+      .def("barrier", &Communicator::barrier, py::call_guard<py::gil_scoped_release>())
+      .def("available_backends", &Communicator::availableBackends)
+      .def("is_available", &Communicator::isAvailable, py::arg("backend"));
+}
+
+}  // namespace meshfuse::python

@@ -1,0 +1,195 @@
+#include "python/dlpack_interop.h"
+
+#include <dlpack/dlpack.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace meshfuse::python {
+
+namespace {
+
+constexpr const char* kCapsuleName = "dltensor";
+constexpr const char* kUsedCapsuleName = "used_dltensor";
+// DLPack v0.8 added kDLBool = 6; the v0.6 header lacks it, numpy >= 2 and torch >= 2 use it.
+constexpr uint8_t kDLBoolCode = 6;
+
+std::string describe(DLDataType t) {
+  const char* kind = "code";
+  switch (t.code) {
+    case kDLInt: kind = "int"; break;
+    case kDLUInt: kind = "uint"; break;
+    case kDLFloat: kind = "float"; break;
+    case kDLBfloat: kind = "bfloat"; break;
+    case kDLComplex: kind = "complex"; break;
+    case kDLBoolCode: kind = "bool"; break;
+    default: break;
+  }
+  std::string s = std::string(kind) + std::to_string(t.bits);
+  if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
+  return s;
+}
+
+std::optional<DataType> fromDlpack(DLDataType t) {
+  if (t.lanes != 1) return std::nullopt;
+  switch (t.code) {
+    case kDLFloat:
+      if (t.bits == 32) return DataType::Float;
+      if (t.bits == 64) return DataType::Double;
+      if (t.bits == 16) return DataType::Half;
+      break;
+    case kDLBfloat:
+      if (t.bits == 16) return DataType::BFloat16;
+      break;
+    case kDLInt:
+      if (t.bits == 64) return DataType::Int;
+      if (t.bits == 32) return DataType::Int32;
+      break;
+    case kDLBoolCode:
+      if (t.bits == 8) return DataType::Bool;
+      break;
+    default: break;
+  }
+  return std::nullopt;
+}
+
+DLDataType toDlpack(DataType dtype) {
+  DLDataType t;
+  t.lanes = 1;
+  t.bits = static_cast<uint8_t>(dataTypeSize(dtype) * 8);
+  switch (dtype) {
+    case DataType::Float:
+    case DataType::Double:
+    case DataType::Half: t.code = kDLFloat; break;
+    case DataType::BFloat16: t.code = kDLBfloat; break;
+    case DataType::Int:
+    case DataType::Int32: t.code = kDLInt; break;
+    case DataType::Bool: t.code = kDLBoolCode; break;
+  }
+  return t;
+}
+
+std::optional<Device> fromDlpack(DLDevice d) {
+  switch (d.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost:  // pinned host memory: the CPU reads it directly
+      return Device::cpu();
+    case kDLCUDA:
+    case kDLCUDAManaged: return Device::cuda(d.device_id);
+    default: return std::nullopt;
+  }
+}
+
+// Runs the producer's deleter with the GIL held (numpy's deleter drops a Python reference), from
+// whichever thread releases the last view. After interpreter shutdown the memory is left alone.
+void releaseImported(DLManagedTensor* managed) {
+  if (managed->deleter == nullptr || !Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  managed->deleter(managed);
+}
+
+// What an exported DLManagedTensor points at: a view of the Tensor (holding its storage) and the
+// shape/strides arrays DLTensor refers to.
+struct ExportContext {
+  Tensor tensor;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+};
+
+void deleteExported(DLManagedTensor* managed) {
+  delete static_cast<ExportContext*>(managed->manager_ctx);
+  delete managed;
+}
+
+// The capsule's destructor: frees the DLManagedTensor only if no consumer took it (a consumer
+// renames the capsule and becomes responsible for calling the deleter).
+void destroyCapsule(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, kCapsuleName)) return;
+  // Called during garbage collection: keep any exception in flight intact.
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+  if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+  PyErr_Restore(type, value, traceback);
+}
+
+}  // namespace
+
+Tensor tensorFromDlpack(const py::object& obj) {
+  py::object capsule = obj;
+  if (!PyCapsule_CheckExact(obj.ptr())) {
+    if (!py::hasattr(obj, "__dlpack__"))
+      throw py::type_error("expected a DLPack capsule or an object with __dlpack__ (numpy array, torch tensor), got " +
+                           std::string(py::str(py::type::of(obj).attr("__name__"))));
+    capsule = obj.attr("__dlpack__")();
+    if (!PyCapsule_CheckExact(capsule.ptr())) throw py::type_error("__dlpack__() did not return a capsule");
+  }
+  if (PyCapsule_IsValid(capsule.ptr(), kUsedCapsuleName))
+    throw py::value_error("this DLPack capsule was already consumed (its name is 'used_dltensor')");
+  if (!PyCapsule_IsValid(capsule.ptr(), kCapsuleName)) {
+    const char* name = PyCapsule_GetName(capsule.ptr());
+    PyErr_Clear();
+    throw py::value_error(std::string("expected a capsule named 'dltensor', got '") + (name ? name : "(null)") +
+                          "' (versioned DLPack capsules are not supported by this build's DLPack v0.6)");
+  }
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), kCapsuleName));
+  const DLTensor& dl = managed->dl_tensor;
+
+  // Validate everything before taking ownership, so a rejected capsule is still freed by its producer.
+  std::optional<DataType> dtype = fromDlpack(dl.dtype);
+  if (!dtype)
+    throw py::type_error("DLPack dtype " + describe(dl.dtype) +
+                         " is not supported (meshfuse holds float32/64, float16, bfloat16, int32/64 and bool)");
+  std::optional<Device> device = fromDlpack(dl.device);
+  if (!device)
+    throw py::value_error("DLPack device type " + std::to_string(dl.device.device_type) +
+                          " is not supported (CPU and CUDA are)");
+  if (dl.ndim < 0) throw py::value_error("DLPack tensor with negative ndim");
+
+  std::vector<int64_t> shape(dl.shape, dl.shape + dl.ndim);
+  std::vector<int64_t> strides =
+      dl.strides ? std::vector<int64_t>(dl.strides, dl.strides + dl.ndim) : contiguousStrides(shape);
+  void* data = static_cast<char*>(dl.data) + dl.byte_offset;
+
+  if (PyCapsule_SetName(capsule.ptr(), kUsedCapsuleName) != 0) throw py::error_already_set();
+  // From here the Storage owns the DLManagedTensor: its release runs the producer's deleter.
+  return Tensor::fromBlob(data, *dtype, std::move(shape), std::move(strides), *device,
+                          [managed](void*) { releaseImported(managed); });
+}
+
+py::capsule tensorToDlpack(const Tensor& tensor) {
+  if (!tensor.defined()) throw py::value_error("cannot export an undefined Tensor through DLPack");
+  auto* ctx = new ExportContext{tensor, tensor.shape(), tensor.strides()};
+  auto* managed = new DLManagedTensor{};
+  managed->manager_ctx = ctx;
+  managed->deleter = &deleteExported;
+  DLTensor& dl = managed->dl_tensor;
+  dl.data = tensor.data();
+  dl.byte_offset = 0;
+  dl.ndim = static_cast<int32_t>(tensor.dim());
+  dl.shape = ctx->shape.data();
+  dl.strides = ctx->strides.data();
+  dl.dtype = toDlpack(tensor.dtype());
+  Device d = tensor.device();
+  dl.device.device_type = d.type == DeviceType::CPU ? kDLCPU : kDLCUDA;
+  dl.device.device_id = d.type == DeviceType::CPU ? 0 : d.index;
+
+  PyObject* capsule = PyCapsule_New(managed, kCapsuleName, &destroyCapsule);
+  if (capsule == nullptr) {
+    deleteExported(managed);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(capsule);
+}
+
+py::tuple dlpackDevice(const Tensor& tensor) {
+  Device d = tensor.device();
+  if (d.type == DeviceType::CPU) return py::make_tuple(static_cast<int>(kDLCPU), 0);
+  return py::make_tuple(static_cast<int>(kDLCUDA), d.index);
+}
+
+}  // namespace meshfuse::python
