@@ -1,0 +1,171 @@
+#include "host_ir/evaluator.h"
+
+#include <functional>
+#include <memory>
+
+#include "host_ir/comm_layout.h"
+#include "multidevice/communicator.h"
+
+namespace meshfuse {
+
+namespace {
+
+// A posted communication: its Work and what to do with the received data once it is complete.
+struct InFlight {
+  std::unique_ptr<Work> work;
+  std::function<void()> finish;
+};
+
+class CommunicationRunner {
+ public:
+  CommunicationRunner(const HostIrContainer& hic, ValueMap& values) : hic_(hic), values_(values) {}
+
+  InFlight post(const Communication& c) {
+    Backend& backend = Communicator::instance().backend(c.backend, c.team);
+    const int64_t n = backend.teamSize();
+    const auto& out_shape = hic_.local_shapes.at(c.out);
+    const Device device = hic_.device;
+    auto input = [&]() { return values_.tensor(c.in).contiguous(); };
+    auto store = [this, &c](Tensor t) { values_.tensors[c.out] = std::move(t); };
+    InFlight f;
+    switch (c.type) {
+      case Communication::Type::Allgather: {
+        Tensor in = input();
+        auto buffer = std::make_shared<Tensor>(Tensor::empty(prepend(n, in.shape()), in.dtype(), device));
+        f.work = backend.allgather(in, *buffer);
+        int axis = c.gathered_axis;
+        f.finish = [=, this]() { values_.tensors[c.out] = unblockAlong(*buffer, axis, n, out_shape); };
+        break;
+      }
+      case Communication::Type::Allreduce: {
+        Tensor t = inPlaceCopy(c);
+        f.work = backend.allreduce(t, c.op);
+        f.finish = [=]() { store(t); };
+        break;
+      }
+      case Communication::Type::ReduceScatter: {
+        Tensor blocks = blocksAlong(values_.tensor(c.in), c.scattered_axis, n);
+        Tensor out = Tensor::empty(out_shape, blocks.dtype(), device);
+        f.work = backend.reduceScatter(blocks, out, c.op);
+        f.finish = [=]() { store(out); };
+        break;
+      }
+      case Communication::Type::Reduce: {
+        Tensor in = input();
+        bool root = backend.rankInTeam() == c.root;
+        Tensor out = root ? Tensor::empty(out_shape, in.dtype(), device) : Tensor();
+        f.work = backend.reduce(in, out, c.root, c.op);
+        f.finish = [=]() {
+          if (root) store(out);
+        };
+        break;
+      }
+      case Communication::Type::Gather: {
+        Tensor in = input();
+        bool root = backend.rankInTeam() == c.root;
+        auto buffer = std::make_shared<Tensor>(root ? Tensor::empty(prepend(n, in.shape()), in.dtype(), device) : Tensor());
+        f.work = backend.gather(in, *buffer, c.root);
+        int axis = c.gathered_axis;
+        f.finish = [=, this]() {
+          if (root) values_.tensors[c.out] = unblockAlong(*buffer, axis, n, out_shape);
+        };
+        break;
+      }
+      case Communication::Type::Broadcast: {
+        bool root = backend.rankInTeam() == c.root;
+        Tensor t = root ? input() : Tensor::empty(out_shape, c.out->dtype(), device);
+        f.work = backend.broadcast(t, c.root);
+        bool keep = c.out->deviceMesh()->has(hic_.rank);
+        f.finish = [=]() {
+          if (keep) store(t);
+        };
+        break;
+      }
+      case Communication::Type::Scatter: {
+        bool root = backend.rankInTeam() == c.root;
+        Tensor blocks = root ? blocksAlong(values_.tensor(c.in), c.scattered_axis, n) : Tensor();
+        Tensor out = Tensor::empty(out_shape, c.out->dtype(), device);
+        f.work = backend.scatter(blocks, out, c.root);
+        f.finish = [=]() { store(out); };
+        break;
+      }
+      case Communication::Type::AllToAll: {
+        Tensor blocks = blocksAlong(values_.tensor(c.in), c.scattered_axis, n);
+        auto received = std::make_shared<Tensor>(Tensor::empty(blocks.shape(), blocks.dtype(), device));
+        f.work = backend.allToAll(blocks, *received);
+        // Block i holds team rank i's chunk of the gathered axis, already split along the scattered one.
+        int axis = c.gathered_axis;
+        f.finish = [=, this]() { values_.tensors[c.out] = unblockAlong(*received, axis, n, out_shape); };
+        break;
+      }
+      case Communication::Type::SendRecv: {
+        auto index_of = [&](int64_t world) { return world == c.team[0] ? 0 : 1; };
+        if (c.send_to >= 0) {
+          Tensor in = input();
+          f.work = backend.send(in, index_of(c.send_to));
+          f.finish = [in]() {};  // keeps the send buffer alive until the send completes
+        } else {
+          Tensor out = Tensor::empty(out_shape, c.out->dtype(), device);
+          f.work = backend.recv(out, index_of(c.recv_from));
+          f.finish = [=]() { store(out); };
+        }
+        break;
+      }
+    }
+    return f;
+  }
+
+ private:
+  static std::vector<int64_t> prepend(int64_t n, std::vector<int64_t> shape) {
+    shape.insert(shape.begin(), n);
+    return shape;
+  }
+
+  // Allreduce works in place: reuse the producer's buffer when nothing else reads it.
+  Tensor inPlaceCopy(const Communication& c) {
+    const Tensor& in = values_.tensor(c.in);
+    bool sole_use = c.in->uses().size() == 1 && !c.in->fusion()->isInput(c.in) && !c.in->fusion()->isOutput(c.in);
+    if (sole_use && in.isContiguous()) return in;
+    return in.clone();
+  }
+
+  const HostIrContainer& hic_;
+  ValueMap& values_;
+};
+
+}  // namespace
+
+void HostIrEvaluator::run(ValueMap& values) {
+  CommunicationRunner runner(hic_, values);
+  std::vector<InFlight> in_flight(hic_.communications.size());
+  for (const Instruction& ins : hic_.program) {
+    switch (ins.kind) {
+      case Instruction::Kind::LaunchSegment:
+        executor_.run(hic_.segments[ins.index], values, hic_.local_shapes);
+        break;
+      case Instruction::Kind::PostCommunication:
+        in_flight[ins.index] = runner.post(hic_.communications[ins.index]);
+        break;
+      case Instruction::Kind::Wait: {
+        InFlight& f = in_flight[ins.index];
+        try {
+          f.work->wait(params_.timeout);
+        } catch (const CommunicationTimeout& e) {
+          throw CommunicationTimeout(std::string(e.what()) + " [in " + hic_.communications[ins.index].toString() + "]");
+        }
+        f.finish();
+        f = InFlight{};
+        break;
+      }
+      case Instruction::Kind::LocalSlice: {
+        const Tensor& in = values.tensor(ins.in);
+        int64_t chunk = in.size(ins.axis) / ins.parts;
+        values.tensors[ins.out] = in.slice(ins.axis, ins.block * chunk, chunk);
+        break;
+      }
+      case Instruction::Kind::LocalCopy: values.tensors[ins.out] = values.tensor(ins.in); break;
+    }
+  }
+}
+
+}  // namespace meshfuse

@@ -1,0 +1,54 @@
+// The per-rank host program: compute segments to launch, communications to post and wait for, and
+// local slices, in order. HostIrLower builds it; HostIrEvaluator runs it; toString() prints it.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "ir/ir.h"
+#include "runtime/segment.h"
+
+namespace meshfuse {
+
+struct Communication {
+  enum class Type : uint8_t { Allgather, Allreduce, ReduceScatter, Reduce, Gather, Broadcast, Scatter, AllToAll, SendRecv };
+  Type type = Type::Allgather;
+  std::vector<int64_t> team;  // world ranks, in team order
+  int64_t root = -1;          // team index of the root (Reduce, Gather, Broadcast, Scatter)
+  ReduceOp op = ReduceOp::Sum;
+  CommunicatorBackend backend = CommunicatorBackend::Mpi;
+  TensorView* in = nullptr;
+  TensorView* out = nullptr;
+  int gathered_axis = -1;   // Allgather, Gather, AllToAll: the axis whose blocks arrive from the team
+  int scattered_axis = -1;  // ReduceScatter, Scatter, AllToAll: the axis whose blocks go to the team
+  // SendRecv: this rank's peer (world rank) and role.
+  int64_t send_to = -1;
+  int64_t recv_from = -1;
+  std::string toString() const;
+};
+std::string toString(Communication::Type t);
+
+struct Instruction {
+  enum class Kind : uint8_t { LaunchSegment, PostCommunication, Wait, LocalSlice, LocalCopy };
+  Kind kind = Kind::LaunchSegment;
+  int index = -1;  // segment or communication index
+  // LocalSlice: out = block `block` of `parts` of in along `axis`; LocalCopy: out = in.
+  TensorView* in = nullptr;
+  TensorView* out = nullptr;
+  int axis = -1;
+  int64_t parts = 1;
+  int64_t block = 0;
+};
+
+class HostIrContainer {
+ public:
+  int64_t rank = 0;
+  Device device;
+  std::vector<Segment> segments;
+  std::vector<Communication> communications;
+  std::vector<Instruction> program;
+  ShapeMap local_shapes;
+  std::string toString() const;
+};
+
+}  // namespace meshfuse

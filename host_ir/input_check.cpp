@@ -1,0 +1,184 @@
+#include "host_ir/input_check.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "multidevice/communicator.h"
+#include "multidevice/sharding.h"
+
+namespace meshfuse {
+
+namespace {
+std::string shardNote(const TensorView* tv, int axis) {
+  for (int d = 0; d < kMeshDims; ++d) {
+    ParallelType p = meshParallelType(d);
+    if (tv->shardedAxis(p) == axis)
+      return " (the local shard of a global axis split over " + std::to_string(tv->deviceMesh()->size(p)) +
+             " devices along " + toString(p) + ")";
+  }
+  return "";
+}
+}  // namespace
+
+InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument>& inputs, int64_t rank) {
+  const auto& defs = fusion.inputs();
+  if (inputs.size() != defs.size())
+    throw UserError("execute: expected " + std::to_string(defs.size()) + " inputs, got " + std::to_string(inputs.size()));
+  InputSignature sig;
+  bool device_set = false;
+  for (size_t i = 0; i < defs.size(); ++i) {
+    const Val* def = defs[i];
+    const Argument& arg = inputs[i];
+    sig.dtypes.push_back(def->dtype());
+    if (!def->isTensor()) {
+      if (!std::holds_alternative<double>(arg))
+        throw UserError("execute: input " + std::to_string(i) + " (" + def->name() + ") is a scalar; got a tensor or None");
+      sig.present.push_back(true);
+      sig.global.emplace_back();
+      continue;
+    }
+    auto* tv = static_cast<const TensorView*>(def);
+    bool mine = !tv->hasDeviceMesh() || tv->deviceMesh()->has(rank);
+    if (!mine) {  // whatever is passed for another rank's input is ignored
+      sig.present.push_back(false);
+      sig.global.emplace_back();
+      continue;
+    }
+    if (!std::holds_alternative<Tensor>(arg))
+      throw UserError("execute: input " + std::to_string(i) + " (" + tv->name() + ") must be a tensor on rank " +
+                      std::to_string(rank) + "; got " + (std::holds_alternative<double>(arg) ? "a scalar" : "None"));
+    const Tensor& t = std::get<Tensor>(arg);
+    if (t.dtype() != tv->dtype())
+      throw UserError(tv->name() + ": expected dtype " + toString(tv->dtype()) + ", got " + toString(t.dtype()));
+    if (t.dim() != tv->ndim())
+      throw UserError(tv->name() + ": expected rank " + std::to_string(tv->ndim()) + " (shape " + shapeToString(tv->shape()) +
+                      "), got rank " + std::to_string(t.dim()) + " (shape " + shapeToString(t.shape()) + ")");
+    if (tv->isContiguous() && !t.isContiguous())
+      throw UserError(tv->name() + ": the definition says contiguous but the input has shape " + shapeToString(t.shape()) +
+                      " and strides " + shapeToString(t.strides()) + " (pass a contiguous copy, or define it with contiguity=False)");
+    std::vector<int64_t> global = globalShape(tv, t.shape());
+    for (int64_t a = 0; a < tv->ndim(); ++a) {
+      int64_t expected = tv->shape()[a];
+      if (expected >= 0 && global[a] != expected) {
+        std::string note = shardNote(tv, static_cast<int>(a));
+        int64_t local_expected = localShape(tv, tv->shape())[a];
+        throw UserError(tv->name() + " axis " + std::to_string(a) + ": expected extent " + std::to_string(local_expected) +
+                        note + ", got " + std::to_string(t.shape()[a]) + " (input shape " + shapeToString(t.shape()) + ")");
+      }
+    }
+    if (!device_set) {
+      sig.device = t.device().type;
+      sig.device_index = t.device().index;
+      device_set = true;
+    } else if (t.device().type != sig.device) {
+      throw UserError(tv->name() + ": on " + t.device().toString() + " while an earlier input is on " +
+                      Device{sig.device, sig.device_index}.toString() + "; all inputs must be on one kind of device");
+    }
+    sig.present.push_back(true);
+    sig.global.push_back(global);
+  }
+  return sig;
+}
+
+namespace {
+// Wire format: [status, device, n, then per input: present, rank, extents...] as int64, then the message.
+std::string encode(const InputSignature* sig, const std::string& error) {
+  std::vector<int64_t> words;
+  words.push_back(sig ? 0 : 1);
+  if (sig) {
+    words.push_back(static_cast<int64_t>(sig->device));
+    words.push_back(static_cast<int64_t>(sig->present.size()));
+    for (size_t i = 0; i < sig->present.size(); ++i) {
+      words.push_back(sig->present[i] ? 1 : 0);
+      words.push_back(static_cast<int64_t>(sig->global[i].size()));
+      for (int64_t e : sig->global[i]) words.push_back(e);
+    }
+  }
+  std::string bytes(words.size() * sizeof(int64_t), '\0');
+  std::memcpy(bytes.data(), words.data(), bytes.size());
+  uint64_t n = bytes.size();
+  std::string header(sizeof(n), '\0');
+  std::memcpy(header.data(), &n, sizeof(n));
+  return header + bytes + error;
+}
+
+struct Decoded {
+  bool ok = false;
+  std::string error;
+  InputSignature sig;
+};
+
+Decoded decode(const std::string& blob) {
+  Decoded d;
+  uint64_t n;
+  std::memcpy(&n, blob.data(), sizeof(n));
+  std::vector<int64_t> words(n / sizeof(int64_t));
+  std::memcpy(words.data(), blob.data() + sizeof(n), n);
+  size_t pos = 0;
+  d.ok = words[pos++] == 0;
+  std::string rest = blob.substr(sizeof(n) + n);
+  d.error = rest.substr(0, rest.find('\0'));
+  if (!d.ok) return d;
+  d.sig.device = static_cast<DeviceType>(words[pos++]);
+  int64_t count = words[pos++];
+  for (int64_t i = 0; i < count; ++i) {
+    d.sig.present.push_back(words[pos++] != 0);
+    int64_t rank = words[pos++];
+    d.sig.global.emplace_back(words.begin() + static_cast<int64_t>(pos), words.begin() + static_cast<int64_t>(pos) + rank);
+    pos += rank;
+  }
+  return d;
+}
+}  // namespace
+
+InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, const std::string& my_error,
+                             std::chrono::milliseconds timeout) {
+  Communicator& comm = Communicator::instance();
+  std::vector<int64_t> world(comm.size());
+  for (int64_t r = 0; r < comm.size(); ++r) world[r] = r;
+  std::string blob = encode(mine, my_error);
+  // Contributions must be of equal size: agree on the largest, then pad.
+  uint64_t len = blob.size();
+  std::string len_bytes(sizeof(len), '\0');
+  std::memcpy(len_bytes.data(), &len, sizeof(len));
+  uint64_t longest = 0;
+  for (const std::string& s : comm.allgatherBytes(world, len_bytes, timeout)) {
+    uint64_t l;
+    std::memcpy(&l, s.data(), sizeof(l));
+    longest = std::max(longest, l);
+  }
+  blob.resize(longest, '\0');
+  std::vector<std::string> all = comm.allgatherBytes(world, blob, timeout);
+
+  std::vector<Decoded> decoded;
+  for (const std::string& s : all) decoded.push_back(decode(s));
+  if (!my_error.empty()) throw UserError(my_error);
+  for (size_t r = 0; r < decoded.size(); ++r)
+    if (!decoded[r].ok)
+      throw UserError("rank " + std::to_string(r) + " failed its input check, so no rank executes: " + decoded[r].error);
+
+  InputSignature merged = *mine;
+  const auto& defs = fusion.inputs();
+  for (size_t i = 0; i < defs.size(); ++i) {
+    if (!defs[i]->isTensor()) continue;
+    int first = -1;
+    for (size_t r = 0; r < decoded.size(); ++r) {
+      const InputSignature& s = decoded[r].sig;
+      if (!s.present[i]) continue;
+      if (first < 0) {
+        first = static_cast<int>(r);
+        merged.global[i] = s.global[i];
+      } else if (s.global[i] != decoded[first].sig.global[i]) {
+        throw UserError(defs[i]->name() + ": ranks disagree on its global shape: " + shapeToString(decoded[first].sig.global[i]) +
+                        " on rank " + std::to_string(first) + " but " + shapeToString(s.global[i]) + " on rank " +
+                        std::to_string(r));
+      }
+    }
+    if (first < 0) throw UserError(defs[i]->name() + ": no rank holds this input (check its device mesh)");
+    if (!mine->present[i] && merged.device == DeviceType::CPU && decoded[first].sig.device != DeviceType::CPU)
+      merged.device = decoded[first].sig.device;
+  }
+  return merged;
+}
+
+}  // namespace meshfuse

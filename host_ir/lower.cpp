@@ -1,0 +1,284 @@
+#include "host_ir/lower.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "multidevice/communicator.h"
+#include "multidevice/resharding.h"
+#include "multidevice/sharding.h"
+#include "ops/shape_inference.h"
+
+namespace meshfuse {
+
+GlobalShapes bindShapes(const Fusion& fusion, const GlobalShapes& input_shapes) {
+  GlobalShapes shapes = input_shapes;
+  for (const auto& e : fusion.exprs()) {
+    std::vector<std::vector<int64_t>> in;
+    for (Val* v : e->inputs()) {
+      if (!v->isTensor()) {
+        in.emplace_back();
+        continue;
+      }
+      auto it = shapes.find(v);
+      if (it == shapes.end()) throw std::logic_error("bindShapes: " + v->name() + " has no shape");
+      in.push_back(it->second);
+    }
+    shapes[e->out()] = inferShape(e->op(), e->attrs(), e->inputs(), in);
+  }
+  for (const auto& v : fusion.vals())
+    if (v->isTensor() && shapes.count(v.get())) checkShardable(static_cast<const TensorView*>(v.get()), shapes.at(v.get()));
+  return shapes;
+}
+
+namespace {
+Segment::Kind kindOf(OpType op) {
+  if (isPointwise(op)) return Segment::Kind::Pointwise;
+  if (isReduction(op)) return Segment::Kind::Reduction;
+  if (op == OpType::Matmul || op == OpType::Linear) return Segment::Kind::Matmul;
+  return Segment::Kind::View;
+}
+
+bool onThisRank(const TensorView* tv, int64_t rank) { return !tv->hasDeviceMesh() || tv->deviceMesh()->has(rank); }
+
+// The mesh dimension along which two shardings on one mesh differ (resharding changes exactly one).
+int differingDim(const Sharding& a, const Sharding& b) {
+  for (int d = 0; d < kMeshDims; ++d)
+    if (a.axis[d] != b.axis[d] || a.partial[d] != b.partial[d]) return d;
+  return -1;
+}
+
+ReduceOp partialOp(const TensorView* partial) {
+  const Expr* def = partial->definition();
+  return def && def->op() == OpType::ReduceMax ? ReduceOp::Max : ReduceOp::Sum;
+}
+}  // namespace
+
+std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const GlobalShapes& shapes, int64_t rank,
+                                                    Device device) {
+  hic_ = std::make_unique<HostIrContainer>();
+  hic_->rank = rank;
+  hic_->device = device;
+  open_pointwise_ = -1;
+  for (const auto& [val, global] : shapes) hic_->local_shapes[val] = localShape(static_cast<const TensorView*>(val), global);
+  if (isMultiDevice(fusion)) {
+    Communicator& comm = Communicator::instance();
+    backend_ = comm.resolve(params_.communicator_backend, device);
+    if (!comm.isAvailable(backend_)) {
+      std::string available;
+      for (CommunicatorBackend b : comm.availableBackends()) available += (available.empty() ? "" : ", ") + toString(b);
+      throw UserError("communicator backend '" + toString(backend_) + "' is not available in this build; available: " +
+                      available);
+    }
+  }
+  for (Expr* e : fusion.liveExprs()) {
+    if (isResharding(e)) lowerResharding(e);
+    else lowerCompute(e);
+  }
+  finishSegments(fusion);
+  placeWaits();
+  return std::move(hic_);
+}
+
+void HostIrLower::lowerCompute(const Expr* e) {
+  if (!onThisRank(e->out(), hic_->rank)) return;
+  Segment::Kind kind = kindOf(e->op());
+  bool joins = false;
+  if (kind == Segment::Kind::Pointwise && open_pointwise_ >= 0 && !hic_->program.empty() &&
+      hic_->program.back().kind == Instruction::Kind::LaunchSegment && hic_->program.back().index == open_pointwise_) {
+    const Segment& open = hic_->segments[open_pointwise_];
+    joins = hic_->local_shapes.at(open.exprs.front()->out()) == hic_->local_shapes.at(e->out());
+  }
+  if (joins) {
+    hic_->segments[open_pointwise_].exprs.push_back(e);
+    return;
+  }
+  Segment seg;
+  seg.kind = kind;
+  seg.exprs.push_back(e);
+  hic_->segments.push_back(std::move(seg));
+  int index = static_cast<int>(hic_->segments.size()) - 1;
+  open_pointwise_ = kind == Segment::Kind::Pointwise ? index : -1;
+  Instruction ins;
+  ins.kind = Instruction::Kind::LaunchSegment;
+  ins.index = index;
+  hic_->program.push_back(ins);
+}
+
+void HostIrLower::lowerResharding(const Expr* e) {
+  TensorView* in = e->inputTv(0);
+  TensorView* out = e->out();
+  const DeviceMesh& pm = *in->deviceMesh();
+  const DeviceMesh& cm = *out->deviceMesh();
+  const int64_t rank = hic_->rank;
+  Sharding ps = shardingOf(in), cs = shardingOf(out);
+  Communication c;
+  c.in = in;
+  c.out = out;
+  c.backend = backend_;
+  auto unsupported = [&](const std::string& why) {
+    return UserError("cannot lower the resharding " + out->name() + " (" + cm.toString() + ", " + cs.toString() + ") <- " +
+                     in->name() + " (" + pm.toString() + ", " + ps.toString() + "): " + why);
+  };
+  auto local = [&](Instruction::Kind kind, int axis, int64_t parts, int64_t block) {
+    Instruction ins;
+    ins.kind = kind;
+    ins.in = in;
+    ins.out = out;
+    ins.axis = axis;
+    ins.parts = parts;
+    ins.block = block;
+    hic_->program.push_back(ins);
+  };
+  if (pm == cm) {
+    if (!pm.has(rank)) return;
+    int d = differingDim(ps, cs);
+    ParallelType p = meshParallelType(d);
+    c.team = pm.team(rank, p);
+    if (ps.partial[d]) {
+      c.op = partialOp(in);
+      if (cs.axis[d] < 0) {
+        c.type = Communication::Type::Allreduce;
+      } else {
+        c.type = Communication::Type::ReduceScatter;
+        c.scattered_axis = cs.axis[d];
+      }
+    } else if (ps.axis[d] >= 0) {
+      c.gathered_axis = ps.axis[d];
+      if (cs.axis[d] < 0) {
+        c.type = Communication::Type::Allgather;
+      } else {
+        c.type = Communication::Type::AllToAll;
+        c.scattered_axis = cs.axis[d];
+      }
+    } else {
+      local(Instruction::Kind::LocalSlice, cs.axis[d], pm.size(p), pm.coordinate(rank, p));
+      return;
+    }
+  } else if (cm.size() == 1) {
+    int64_t root = cm.devices()[0];
+    bool p_partial = ps.partial[0] || ps.partial[1] || ps.partial[2];
+    bool p_sharded = ps.axis[0] >= 0 || ps.axis[1] >= 0 || ps.axis[2] >= 0;
+    if (!p_partial && !p_sharded) {
+      if (pm.has(root)) {
+        if (rank == root) local(Instruction::Kind::LocalCopy, -1, 1, 0);
+        return;
+      }
+      c.type = Communication::Type::SendRecv;
+      int64_t src = pm.devices()[0];
+      c.team = {std::min(src, root), std::max(src, root)};
+      if (rank == src) c.send_to = root;
+      else if (rank == root) c.recv_from = src;
+      else return;
+    } else {
+      if (pm.rank() != 1) throw unsupported("gathering or reducing onto one device needs a 1-D source mesh");
+      if (!pm.has(root)) throw unsupported("the destination device must be part of the source mesh");
+      if (!pm.has(rank)) return;
+      c.team = pm.devices();
+      c.root = pm.indexOf(root);
+      if (p_partial) {
+        c.type = Communication::Type::Reduce;
+        c.op = partialOp(in);
+      } else {
+        c.type = Communication::Type::Gather;
+        c.gathered_axis = ps.axis[0];
+      }
+    }
+  } else if (pm.size() == 1) {
+    int64_t root = pm.devices()[0];
+    std::vector<int64_t> team = cm.devices();
+    if (!cm.has(root)) team.insert(team.begin(), root);
+    if (std::find(team.begin(), team.end(), rank) == team.end()) return;
+    c.team = team;
+    c.root = std::find(team.begin(), team.end(), root) - team.begin();
+    if (cs.axis[0] < 0) {
+      c.type = Communication::Type::Broadcast;
+    } else {
+      if (!cm.has(root)) throw unsupported("a scatter's root must be a device of the destination mesh");
+      c.type = Communication::Type::Scatter;
+      c.scattered_axis = cs.axis[0];
+    }
+  } else {
+    if (pm.shape() != cm.shape()) throw unsupported("meshes of different shapes");
+    int64_t mine_src = pm.indexOf(rank), mine_dst = cm.indexOf(rank);
+    if (mine_src < 0 && mine_dst < 0) return;
+    // A rank can be in both meshes (overlapping stages): one instruction sends, one receives.
+    c.type = Communication::Type::SendRecv;
+    if (mine_src >= 0) {
+      int64_t dst = cm.devices()[mine_src];
+      if (dst == rank) {
+        local(Instruction::Kind::LocalCopy, -1, 1, 0);
+      } else {
+        Communication s = c;
+        s.team = {std::min(rank, dst), std::max(rank, dst)};
+        s.send_to = dst;
+        hic_->communications.push_back(s);
+        hic_->program.push_back(Instruction{Instruction::Kind::PostCommunication, static_cast<int>(hic_->communications.size()) - 1});
+      }
+    }
+    if (mine_dst >= 0) {
+      int64_t src = pm.devices()[mine_dst];
+      if (src == rank) return;  // the LocalCopy above
+      c.team = {std::min(rank, src), std::max(rank, src)};
+      c.recv_from = src;
+    } else {
+      return;
+    }
+  }
+  hic_->communications.push_back(c);
+  Instruction ins;
+  ins.kind = Instruction::Kind::PostCommunication;
+  ins.index = static_cast<int>(hic_->communications.size()) - 1;
+  hic_->program.push_back(ins);
+  open_pointwise_ = -1;
+}
+
+void HostIrLower::finishSegments(const Fusion& fusion) {
+  for (Segment& seg : hic_->segments) {
+    std::unordered_set<const Val*> produced;
+    for (const Expr* e : seg.exprs) produced.insert(e->out());
+    std::unordered_set<const Val*> seen;
+    for (const Expr* e : seg.exprs)
+      for (Val* v : e->inputs())
+        if (!produced.count(v) && seen.insert(v).second) seg.inputs.push_back(v);
+    for (const Expr* e : seg.exprs) {
+      TensorView* out = e->out();
+      bool used_outside = fusion.isOutput(out);
+      for (const Expr* use : out->uses())
+        if (std::find(seg.exprs.begin(), seg.exprs.end(), use) == seg.exprs.end()) used_outside = true;
+      if (used_outside) seg.outputs.push_back(out);
+    }
+  }
+}
+
+void HostIrLower::placeWaits() {
+  std::vector<Instruction> program;
+  std::vector<int> pending;  // communications posted and not yet waited for
+  auto reads = [&](const Instruction& ins, const TensorView* tv) {
+    switch (ins.kind) {
+      case Instruction::Kind::LaunchSegment: {
+        const auto& in = hic_->segments[ins.index].inputs;
+        return std::find(in.begin(), in.end(), tv) != in.end();
+      }
+      case Instruction::Kind::PostCommunication: return hic_->communications[ins.index].in == tv;
+      case Instruction::Kind::LocalSlice:
+      case Instruction::Kind::LocalCopy: return ins.in == tv;
+      default: return false;
+    }
+  };
+  for (const Instruction& ins : hic_->program) {
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (reads(ins, hic_->communications[*it].out)) {
+        program.push_back(Instruction{Instruction::Kind::Wait, *it});
+        it = pending.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    program.push_back(ins);
+    if (ins.kind == Instruction::Kind::PostCommunication) pending.push_back(ins.index);
+  }
+  for (int p : pending) program.push_back(Instruction{Instruction::Kind::Wait, p});
+  hic_->program = std::move(program);
+}
+
+}  // namespace meshfuse

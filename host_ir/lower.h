@@ -1,0 +1,35 @@
+// HostIrLower: one instance per lowering. Turns a resharded fusion (multidevice/resharding.h),
+// with every TensorView's global shape bound, into this rank's HostIrContainer: compute exprs are
+// grouped into segments, resharding sets become Communications (DESIGN.md's table) or local slices.
+#pragma once
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "host_ir/fusion_executor.h"
+#include "host_ir/host_ir.h"
+
+namespace meshfuse {
+
+using GlobalShapes = std::unordered_map<const Val*, std::vector<int64_t>>;
+
+class HostIrLower {
+ public:
+  explicit HostIrLower(HostIrLowerParams params) : params_(params) {}
+  std::unique_ptr<HostIrContainer> lower(const Fusion& resharded, const GlobalShapes& shapes, int64_t rank, Device device);
+
+ private:
+  void lowerCompute(const Expr* e);
+  void lowerResharding(const Expr* e);
+  void finishSegments(const Fusion& fusion);
+  void placeWaits();
+  HostIrLowerParams params_;
+  CommunicatorBackend backend_ = CommunicatorBackend::Mpi;
+  std::unique_ptr<HostIrContainer> hic_;
+  int open_pointwise_ = -1;  // the pointwise segment the next pointwise expr may join
+};
+
+// Forward shape inference over `fusion` from the inputs' global shapes; UserError on a mismatch.
+GlobalShapes bindShapes(const Fusion& fusion, const GlobalShapes& input_shapes);
+
+}  // namespace meshfuse
