@@ -99,8 +99,8 @@ Tensor Tensor::empty(const std::vector<int64_t>& shape, DataType dtype, Device d
 }
 
 Tensor Tensor::zeros(const std::vector<int64_t>& shape, DataType dtype, Device device) {
+  if (device.type != DeviceType::CPU) return zeros(shape, dtype).to(device);  // zeros are rare off the host
   Tensor t = empty(shape, dtype, device);
-  if (device.type != DeviceType::CPU) throw std::runtime_error("Tensor::zeros: CPU only here");
   std::memset(t.data(), 0, t.nbytes());
   return t;
 }
@@ -231,8 +231,12 @@ void forEachIndex(const std::vector<int64_t>& shape, const std::vector<int64_t>&
 void Tensor::copyFrom(const Tensor& src) {
   if (src.shape() != shape_)
     throw std::invalid_argument("copyFrom: shape " + shapeToString(src.shape()) + " into " + shapeToString(shape_));
-  if (device().type != DeviceType::CPU || src.device().type != DeviceType::CPU)
-    throw std::runtime_error("Tensor::copyFrom handles CPU tensors; device copies go through the CUDA runtime");
+  if (device().type != DeviceType::CPU || src.device().type != DeviceType::CPU) {
+    if (cudaCopyTensor == nullptr)
+      throw std::runtime_error("meshfuse was built without CUDA: cannot copy " + src.toString() + " into " + toString());
+    cudaCopyTensor(*this, src);
+    return;
+  }
   if (src.dtype() == dtype_ && isContiguous() && src.isContiguous()) {
     std::memcpy(data(), src.data(), nbytes());
     return;

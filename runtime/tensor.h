@@ -102,7 +102,8 @@ class Tensor {
   // Copies.
   Tensor contiguous() const;  // itself when already contiguous
   Tensor clone() const;
-  // Copies src into this tensor (same shape; any strides; dtype conversion; CPU only).
+  // Copies src into this tensor (same shape; any strides; dtype conversion). CUDA tensors on either
+  // side go through cudaCopyTensor (a CUDA build).
   void copyFrom(const Tensor& src);
   Tensor to(DataType dtype) const;
   // A copy on `device` (itself when already there). CPU<->CUDA needs a CUDA build.
@@ -119,5 +120,10 @@ class Tensor {
   std::vector<int64_t> shape_;
   std::vector<int64_t> strides_;
 };
+
+// Copies `src` into `dst` (same shape, any strides and dtypes) when either is a CUDA tensor: a
+// strided copy kernel on the current stream, staged through the host for a CPU side (then
+// synchronous). Provided by runtime/cuda/, absent (nullptr) in a build without CUDA.
+void cudaCopyTensor(const Tensor& dst, const Tensor& src) __attribute__((weak));
 
 }  // namespace meshfuse
