@@ -1,0 +1,66 @@
+#include "backends/mpi/mpi_work.h"
+
+#include "backends/mpi/mpi_helpers.h"
+
+namespace meshfuse::mpi {
+
+namespace {
+// What an abandoned operation still needs: MPI may write into the buffers whenever the late peer
+// arrives, so they must never be freed. Only reached after a timeout (the job is broken then) or
+// when a Work is dropped unwaited.
+struct Abandoned {
+  std::vector<MPI_Request> requests;
+  std::vector<Tensor> buffers;
+};
+}  // namespace
+
+MpiWork::~MpiWork() {
+  if (!finished_ && !isFinalized()) abandon();
+}
+
+bool MpiWork::test() {
+  if (finished_) return true;
+  int done = 0;
+  check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), what_.c_str());
+  if (done) finish();
+  return finished_;
+}
+
+void MpiWork::wait(std::chrono::milliseconds timeout) {
+  if (finished_) return;
+  const auto start = std::chrono::steady_clock::now();
+  if (pollUntil(requests, start + timeout)) {
+    finish();
+    return;
+  }
+  const std::string waited = secondsToString(std::chrono::steady_clock::now() - start);
+  if (cancellable_) {
+    for (MPI_Request& r : requests)
+      if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+    // A cancelled receive completes at once; afterwards nothing refers to the buffers.
+    MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    finished_ = true;  // cancelled, not completed: no copy back
+  } else {
+    abandon();
+  }
+  throw CommunicationTimeout(what_ + ": waited " + waited + " (timeout " + std::to_string(timeout.count()) +
+                             " ms); a member of the team did not take part");
+}
+
+void MpiWork::finish() {
+  for (auto& [host, device] : copies_back)
+    cudaCopyBytes(device.data(), device.device(), host.data(), Device::cpu(), host.nbytes());
+  copies_back.clear();
+  buffers.clear();
+  finished_ = true;
+}
+
+void MpiWork::abandon() {
+  static_cast<void>(new Abandoned{std::move(requests), std::move(buffers)});  // never deleted, see Abandoned
+  requests.clear();
+  buffers.clear();
+  copies_back.clear();
+  finished_ = true;
+}
+
+}  // namespace meshfuse::mpi

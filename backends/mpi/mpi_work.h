@@ -1,0 +1,39 @@
+// The Work of an MPI backend operation: its pending requests, the buffers they use, and the
+// host-to-device copies that finish an operation on staged CUDA tensors.
+#pragma once
+#include <mpi.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/backend.h"
+
+namespace meshfuse::mpi {
+
+class MpiWork final : public Work {
+ public:
+  // `what` names the operation, team and rank for timeout messages. A cancellable Work (a recv)
+  // is cancelled on timeout; any other pending operation cannot be (MPI forbids cancelling
+  // collectives, and Open MPI cannot cancel sends), so it is abandoned with its buffers.
+  MpiWork(std::string what, bool cancellable) : what_(std::move(what)), cancellable_(cancellable) {}
+  ~MpiWork() override;
+
+  void wait(std::chrono::milliseconds timeout) override;
+  bool test() override;
+
+  // Filled by the backend while it issues the operation.
+  std::vector<MPI_Request> requests;
+  std::vector<Tensor> buffers;                         // kept alive until the requests complete
+  std::vector<std::pair<Tensor, Tensor>> copies_back;  // (host staging tensor, CUDA destination)
+
+ private:
+  void finish();   // runs the copies back, once
+  void abandon();  // hands pending requests and their buffers to a holder that is never freed
+
+  std::string what_;
+  bool cancellable_;
+  bool finished_ = false;
+};
+
+}  // namespace meshfuse::mpi

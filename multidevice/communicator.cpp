@@ -1,0 +1,290 @@
+// The Communicator: MPI bootstrap (mpirun, srun/PMIx or an Open MPI singleton), the backend
+// registry, the per-(type, team) backend cache and the MPI communicators of teams.
+#include "multidevice/communicator.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+
+#include "backends/mpi/mpi_helpers.h"
+
+namespace meshfuse {
+
+namespace {
+
+// Function-local statics: registration runs during static initialization of other translation
+// units, in an order we do not control, so the registry must be built on first use.
+std::map<CommunicatorBackend, BackendFactory>& registry() {
+  static std::map<CommunicatorBackend, BackendFactory> factories;
+  return factories;
+}
+std::mutex& registryMutex() {
+  static std::mutex m;
+  return m;
+}
+
+// Guards Communicator::mpi_comms_. Separate from Communicator::mutex_ (which guards the backend
+// cache) because a backend factory, run under mutex_, asks for its team's MPI communicator.
+std::mutex& commsMutex() {
+  static std::mutex m;
+  return m;
+}
+
+// A deterministic hash of the team (same on every rank, unlike std::hash across builds), used as
+// the tag that keeps concurrent MPI_Comm_create_group calls of different teams apart.
+int tagForTeam(const std::vector<int64_t>& team) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (int64_t r : team) {
+    h ^= static_cast<uint64_t>(r);
+    h *= 1099511628211ull;
+  }
+  return static_cast<int>(h % 32767u);  // MPI guarantees tags up to 32767
+}
+
+// The deadline of Communicator::barrier: MESHFUSE_TIMEOUT seconds, 300 s by default.
+std::chrono::milliseconds barrierTimeout() {
+  if (const char* env = std::getenv("MESHFUSE_TIMEOUT")) {
+    char* end = nullptr;
+    double seconds = std::strtod(env, &end);
+    if (end != env && seconds > 0) return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+  return std::chrono::seconds(300);
+}
+
+std::string availableList(const std::vector<CommunicatorBackend>& types) {
+  std::string out;
+  for (CommunicatorBackend t : types) out += (out.empty() ? "" : ", ") + toString(t);
+  return out;
+}
+
+}  // namespace
+
+bool registerBackend(CommunicatorBackend type, BackendFactory factory) {
+  std::lock_guard<std::mutex> lock(registryMutex());
+  registry()[type] = std::move(factory);
+  return true;
+}
+
+Communicator& Communicator::instance() {
+  // Never destroyed: other statics may still use it during exit; the cleanup that matters
+  // (backends, communicators, MPI_Finalize) runs from an atexit handler installed at init.
+  static Communicator* communicator = new Communicator();
+  return *communicator;
+}
+
+Communicator::Communicator() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = MPI_THREAD_SINGLE;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+      throw std::runtime_error("meshfuse: MPI_Init_thread failed");
+    if (provided < MPI_THREAD_MULTIPLE)
+      std::fprintf(stderr, "meshfuse: warning: MPI provides thread level %d, not MPI_THREAD_MULTIPLE\n", provided);
+    finalize_mpi_ = true;  // we started MPI, so we end it; mpi4py ends the MPI it started
+  }
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  rank_ = rank;
+  size_ = size;
+
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  local_rank_ = local_rank;
+  local_size_ = local_size;
+
+  // Handlers run in reverse order of registration, so this one runs before those registered
+  // earlier (e.g. by libraries loaded before us) and after those registered later. A lambda in a
+  // member function may touch private members.
+  std::atexit([] {
+    Communicator& c = instance();
+    {
+      std::lock_guard<std::mutex> lock(c.mutex_);
+      c.backends_.clear();  // backends may free MPI objects: before MPI_Finalize
+    }
+    const bool finalized = mpi::isFinalized();
+    {
+      std::lock_guard<std::mutex> lock(commsMutex());
+      for (auto& [team, handle] : c.mpi_comms_) {
+        MPI_Comm comm = mpi::fromHandle(handle);
+        if (!finalized) MPI_Comm_free(&comm);
+      }
+      c.mpi_comms_.clear();
+    }
+    if (c.finalize_mpi_ && !finalized) MPI_Finalize();
+    c.finalize_mpi_ = false;
+  });
+}
+
+// Not reached (the instance lives until exit, see instance()); defined because it is declared.
+Communicator::~Communicator() = default;
+
+void Communicator::barrier() {
+  const std::vector<int64_t> world = [&] {
+    std::vector<int64_t> all(static_cast<size_t>(size_));
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }();
+  MPI_Comm comm = mpi::fromHandle(mpiCommFor(world));
+  std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
+  mpi::check(MPI_Ibarrier(comm, request.data()), "MPI_Ibarrier");
+  const auto start = std::chrono::steady_clock::now();
+  if (!mpi::pollUntil(request, start + barrierTimeout()))
+    throw CommunicationTimeout("Communicator::barrier: rank " + std::to_string(rank_) + " waited " +
+                               mpi::secondsToString(std::chrono::steady_clock::now() - start) +
+                               " for the other ranks of the world (size " + std::to_string(size_) + ")");
+}
+
+std::vector<CommunicatorBackend> Communicator::availableBackends() const {
+  std::lock_guard<std::mutex> lock(registryMutex());
+  std::vector<CommunicatorBackend> types;
+  for (const auto& [type, factory] : registry()) types.push_back(type);  // map order = enum order
+  return types;
+}
+
+bool Communicator::isAvailable(CommunicatorBackend type) const {
+  if (type == CommunicatorBackend::Auto) return true;  // always resolves to something (MPI at least)
+  std::lock_guard<std::mutex> lock(registryMutex());
+  return registry().count(type) != 0;
+}
+
+CommunicatorBackend Communicator::resolve(CommunicatorBackend requested, Device device) const {
+  if (requested != CommunicatorBackend::Auto) return requested;
+  if (device.type == DeviceType::CUDA && isAvailable(CommunicatorBackend::Nccl)) return CommunicatorBackend::Nccl;
+  return CommunicatorBackend::Mpi;
+}
+
+Backend& Communicator::backend(CommunicatorBackend type, const std::vector<int64_t>& team) {
+  if (type == CommunicatorBackend::Auto)
+    throw std::invalid_argument(
+        "Communicator::backend: resolve 'auto' for the tensors' device first (Communicator::resolve)");
+  if (team.empty()) throw std::invalid_argument("Communicator::backend: the team is empty");
+  std::set<int64_t> seen;
+  for (int64_t r : team) {
+    if (r < 0 || r >= size_)
+      throw std::invalid_argument("Communicator::backend: team " + teamToString(team) + " names rank " +
+                                  std::to_string(r) + ", but the world has " + std::to_string(size_) + " ranks");
+    if (!seen.insert(r).second)
+      throw std::invalid_argument("Communicator::backend: team " + teamToString(team) + " names rank " +
+                                  std::to_string(r) + " twice");
+  }
+  if (!seen.count(rank_))
+    throw std::invalid_argument("Communicator::backend: rank " + std::to_string(rank_) + " is not in team " +
+                                teamToString(team) + "; only members may ask for the team's backend");
+
+  BackendFactory factory;
+  {
+    std::lock_guard<std::mutex> lock(registryMutex());
+    auto it = registry().find(type);
+    if (it != registry().end()) factory = it->second;
+  }
+  if (!factory)
+    throw std::invalid_argument("communicator backend '" + toString(type) +
+                                "' is not available in this build; available: " + availableList(availableBackends()));
+
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto key = std::make_pair(type, team);
+  auto it = backends_.find(key);
+  if (it == backends_.end()) it = backends_.emplace(key, factory(*this, team)).first;
+  return *it->second;
+}
+
+void* Communicator::mpiCommFor(const std::vector<int64_t>& team) {
+  std::lock_guard<std::mutex> lock(commsMutex());
+  auto it = mpi_comms_.find(team);
+  if (it != mpi_comms_.end()) return it->second;
+  if (std::find(team.begin(), team.end(), rank_) == team.end())
+    throw std::invalid_argument("Communicator::mpiCommFor: rank " + std::to_string(rank_) + " is not in team " +
+                                teamToString(team));
+
+  std::vector<int64_t> world(static_cast<size_t>(size_));
+  std::iota(world.begin(), world.end(), 0);
+  MPI_Comm comm = MPI_COMM_NULL;
+  if (team == world) {
+    mpi::check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+  } else {
+    // A group in the team's order makes communicator rank i = team member i; creation is
+    // collective only over the members, so other ranks need not take part.
+    std::vector<int> ranks(team.begin(), team.end());
+    MPI_Group world_group, team_group;
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &team_group);
+    int rc = MPI_Comm_create_group(MPI_COMM_WORLD, team_group, tagForTeam(team), &comm);
+    MPI_Group_free(&team_group);
+    MPI_Group_free(&world_group);
+    mpi::check(rc, "MPI_Comm_create_group");
+  }
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);  // errors become exceptions, not aborts
+  void* handle = mpi::toHandle(comm);
+  mpi_comms_.emplace(team, handle);
+  return handle;
+}
+
+std::vector<std::string> Communicator::allgatherBytes(const std::vector<int64_t>& team, const std::string& bytes,
+                                                      std::chrono::milliseconds timeout) {
+  MPI_Comm comm = mpi::fromHandle(mpiCommFor(team));
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  auto timedOut = [&](const char* phase) {
+    return CommunicationTimeout("Communicator::allgatherBytes (" + std::string(phase) + "): rank " +
+                                std::to_string(rank_) + " waited " +
+                                mpi::secondsToString(std::chrono::steady_clock::now() - start) + " for ranks of team " +
+                                teamToString(team) + "; one of them did not arrive");
+  };
+  if (bytes.size() > static_cast<size_t>(INT32_MAX))
+    throw std::invalid_argument("Communicator::allgatherBytes: " + std::to_string(bytes.size()) +
+                                " bytes is more than one MPI call carries");
+
+  // Sizes first (so unequal contributions are handled, not truncated), then the bytes. On a
+  // timeout the buffers must outlive the still-pending request: they are leaked on purpose.
+  struct Exchange {
+    std::vector<int> sizes, offsets;
+    std::string sent, gathered;
+  };
+  auto* ex = new Exchange{std::vector<int>(team.size()), std::vector<int>(team.size()), bytes, {}};
+  int my_size = static_cast<int>(bytes.size());
+  std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
+  mpi::check(MPI_Iallgather(&my_size, 1, MPI_INT, ex->sizes.data(), 1, MPI_INT, comm, request.data()),
+             "MPI_Iallgather");
+  if (!mpi::pollUntil(request, deadline)) throw timedOut("sizes");
+  int64_t total = 0;
+  for (size_t i = 0; i < team.size(); ++i) {
+    ex->offsets[i] = static_cast<int>(total);
+    total += ex->sizes[i];
+  }
+  if (total > INT32_MAX)
+    throw std::invalid_argument("Communicator::allgatherBytes: " + std::to_string(total) +
+                                " bytes in all is more than one MPI call carries");
+  ex->gathered.resize(static_cast<size_t>(total));
+  mpi::check(MPI_Iallgatherv(ex->sent.data(), my_size, MPI_BYTE, ex->gathered.data(), ex->sizes.data(),
+                             ex->offsets.data(), MPI_BYTE, comm, request.data()),
+             "MPI_Iallgatherv");
+  if (!mpi::pollUntil(request, deadline)) throw timedOut("bytes");
+
+  std::vector<std::string> out;
+  out.reserve(team.size());
+  for (size_t i = 0; i < team.size(); ++i)
+    out.push_back(ex->gathered.substr(static_cast<size_t>(ex->offsets[i]), static_cast<size_t>(ex->sizes[i])));
+  delete ex;
+  return out;
+}
+
+void Communicator::abort(int code, const std::string& why) {
+  std::fprintf(stderr, "meshfuse: rank %lld of %lld aborts the job (code %d): %s\n", static_cast<long long>(rank_),
+               static_cast<long long>(size_), code, why.c_str());
+  std::fflush(stderr);
+  if (!mpi::isFinalized()) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace meshfuse

@@ -1,0 +1,114 @@
+// The Communicator without a launcher: an Open MPI singleton, a world of one process. (Under
+// mpirun these tests skip; tests/cpp/mp/ covers the multi-rank case.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backends/backend.h"
+#include "multidevice/communicator.h"
+
+namespace meshfuse {
+namespace {
+
+class SingletonCommunicator : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Communicator::instance().size() != 1) GTEST_SKIP() << "run without mpirun for the singleton world";
+  }
+  Communicator& comm() { return Communicator::instance(); }
+};
+
+TEST(BackendNames, MatchPythonNames) {
+  EXPECT_EQ(toString(CommunicatorBackend::Auto), "auto");
+  EXPECT_EQ(toString(CommunicatorBackend::Nccl), "nccl");
+  EXPECT_EQ(toString(CommunicatorBackend::Ucc), "ucc");
+  EXPECT_EQ(toString(CommunicatorBackend::Mpi), "mpi");
+  EXPECT_EQ(toString(CommunicatorBackend::Gloo), "gloo");
+  EXPECT_EQ(toString(CommunicatorBackend::Cuda), "cuda");
+  EXPECT_EQ(toString(ReduceOp::Sum), "sum");
+  EXPECT_EQ(toString(ReduceOp::Prod), "prod");
+  EXPECT_EQ(toString(ReduceOp::Max), "max");
+  EXPECT_EQ(toString(ReduceOp::Min), "min");
+  EXPECT_EQ(teamToString({0, 2, 3}), "[0, 2, 3]");
+  EXPECT_TRUE(completedWork()->test());
+}
+
+TEST_F(SingletonCommunicator, WorldOfOne) {
+  EXPECT_EQ(comm().rank(), 0);
+  EXPECT_EQ(comm().size(), 1);
+  EXPECT_EQ(comm().localRank(), 0);
+  EXPECT_EQ(comm().localSize(), 1);
+  comm().barrier();
+}
+
+TEST_F(SingletonCommunicator, MpiIsAlwaysAvailableAndAutoResolvesToIt) {
+  auto available = comm().availableBackends();
+  EXPECT_NE(std::find(available.begin(), available.end(), CommunicatorBackend::Mpi), available.end());
+  EXPECT_TRUE(comm().isAvailable(CommunicatorBackend::Mpi));
+  EXPECT_FALSE(comm().isAvailable(CommunicatorBackend::Ucc));  // UCC is not packaged anywhere we build
+  EXPECT_EQ(comm().resolve(CommunicatorBackend::Auto, Device::cpu()), CommunicatorBackend::Mpi);
+  EXPECT_EQ(comm().resolve(CommunicatorBackend::Gloo, Device::cpu()), CommunicatorBackend::Gloo);
+  const auto for_cuda = comm().resolve(CommunicatorBackend::Auto, Device::cuda(0));
+  EXPECT_EQ(for_cuda,
+            comm().isAvailable(CommunicatorBackend::Nccl) ? CommunicatorBackend::Nccl : CommunicatorBackend::Mpi);
+}
+
+TEST_F(SingletonCommunicator, BackendOnTeamOfOneComputes) {
+  Backend& mpi = comm().backend(CommunicatorBackend::Mpi, {0});
+  EXPECT_EQ(&mpi, &comm().backend(CommunicatorBackend::Mpi, {0}));  // cached
+  EXPECT_EQ(mpi.type(), CommunicatorBackend::Mpi);
+  EXPECT_EQ(mpi.rankInTeam(), 0);
+  EXPECT_EQ(mpi.teamSize(), 1);
+
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  Tensor x = Tensor::empty({5, 3}, DataType::Float);
+  for (int64_t i = 0; i < x.numel(); ++i) x.dataAs<float>()[i] = dist(rng);
+  Tensor expected = x.clone();
+
+  Tensor gathered = Tensor::empty({15}, DataType::Float);
+  mpi.allgather(x, gathered)->wait(std::chrono::seconds(10));
+  mpi.allreduce(x, ReduceOp::Sum)->wait(std::chrono::seconds(10));
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    EXPECT_EQ(gathered.item(i), expected.item(i)) << "allgather element " << i;
+    EXPECT_EQ(x.item(i), expected.item(i)) << "allreduce element " << i;
+  }
+  mpi.barrier()->wait(std::chrono::seconds(10));
+}
+
+TEST_F(SingletonCommunicator, UnknownBackendErrorListsAvailableOnes) {
+  try {
+    comm().backend(CommunicatorBackend::Ucc, {0});
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("communicator backend 'ucc' is not available in this build; available: "), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("mpi"), std::string::npos) << what;
+  }
+}
+
+TEST_F(SingletonCommunicator, BadTeamsAreRejected) {
+  EXPECT_THROW(comm().backend(CommunicatorBackend::Mpi, {}), std::invalid_argument);
+  EXPECT_THROW(comm().backend(CommunicatorBackend::Mpi, {1}), std::invalid_argument);
+  EXPECT_THROW(comm().backend(CommunicatorBackend::Mpi, {0, 0}), std::invalid_argument);
+  EXPECT_THROW(comm().backend(CommunicatorBackend::Auto, {0}), std::invalid_argument);
+}
+
+TEST_F(SingletonCommunicator, AllgatherBytesReturnsOwnBytes) {
+  auto all = comm().allgatherBytes({0}, std::string("hello\0world", 11), std::chrono::seconds(10));
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0], std::string("hello\0world", 11));
+}
+
+TEST_F(SingletonCommunicator, RecvWithoutSenderTimesOut) {
+  Backend& mpi = comm().backend(CommunicatorBackend::Mpi, {0});
+  Tensor t = Tensor::zeros({4}, DataType::Int32);
+  auto work = mpi.recv(t, 0);
+  EXPECT_FALSE(work->test());
+  EXPECT_THROW(work->wait(std::chrono::milliseconds(100)), CommunicationTimeout);
+}
+
+}  // namespace
+}  // namespace meshfuse
