@@ -63,7 +63,8 @@ class CommunicationRunner {
       case Communication::Type::Gather: {
         Tensor in = input();
         bool root = backend.rankInTeam() == c.root;
-        auto buffer = std::make_shared<Tensor>(root ? Tensor::empty(prepend(n, in.shape()), in.dtype(), device) : Tensor());
+        auto buffer =
+            std::make_shared<Tensor>(root ? Tensor::empty(prepend(n, in.shape()), in.dtype(), device) : Tensor());
         f.work = backend.gather(in, *buffer, c.root);
         int axis = c.gathered_axis;
         f.finish = [=, this]() {
@@ -140,9 +141,7 @@ void HostIrEvaluator::run(ValueMap& values) {
   std::vector<InFlight> in_flight(hic_.communications.size());
   for (const Instruction& ins : hic_.program) {
     switch (ins.kind) {
-      case Instruction::Kind::LaunchSegment:
-        executor_.run(hic_.segments[ins.index], values, hic_.local_shapes);
-        break;
+      case Instruction::Kind::LaunchSegment: executor_.run(hic_.segments[ins.index], values, hic_.local_shapes); break;
       case Instruction::Kind::PostCommunication:
         in_flight[ins.index] = runner.post(hic_.communications[ins.index]);
         break;

@@ -34,15 +34,16 @@ void checkMeshesFitWorld(const Fusion& fusion, int64_t world_size) {
     auto* tv = static_cast<const TensorView*>(v.get());
     if (tv->hasDeviceMesh() && tv->deviceMesh()->maxDevice() >= world_size)
       throw UserError(tv->name() + ": " + tv->deviceMesh()->toString() + " names device " +
-                      std::to_string(tv->deviceMesh()->maxDevice()) + " but the world has " + std::to_string(world_size) +
-                      " process(es); launch with mpirun -np " + std::to_string(tv->deviceMesh()->maxDevice() + 1) + " or more");
+                      std::to_string(tv->deviceMesh()->maxDevice()) + " but the world has " +
+                      std::to_string(world_size) + " process(es); launch with mpirun -np " +
+                      std::to_string(tv->deviceMesh()->maxDevice() + 1) + " or more");
   }
 }
 
 std::string cacheKey(const InputSignature& sig, const MultiDeviceExecutorParams& params) {
   std::ostringstream os;
-  os << static_cast<int>(params.lower.communicator_backend) << "|" << static_cast<int>(sig.device) << ":" << sig.device_index
-     << "|";
+  os << static_cast<int>(params.lower.communicator_backend) << "|" << static_cast<int>(sig.device) << ":"
+     << sig.device_index << "|";
   for (size_t i = 0; i < sig.global.size(); ++i) {
     os << static_cast<int>(sig.dtypes[i]) << "[";
     for (int64_t e : sig.global[i]) os << e << ",";
@@ -53,7 +54,8 @@ std::string cacheKey(const InputSignature& sig, const MultiDeviceExecutorParams&
 
 std::unique_ptr<SegmentExecutor> executorFor(Device device) {
   if (device.type == DeviceType::CPU) return makeCpuExecutor();
-  if (makeCudaExecutor == nullptr) throw UserError("inputs are on " + device.toString() + " but meshfuse was built without CUDA");
+  if (makeCudaExecutor == nullptr)
+    throw UserError("inputs are on " + device.toString() + " but meshfuse was built without CUDA");
   return makeCudaExecutor(device.index);
 }
 }  // namespace
@@ -64,7 +66,8 @@ FusionExecutorCache::FusionExecutorCache(std::shared_ptr<Fusion> fusion) : fusio
 
 FusionExecutorCache::~FusionExecutorCache() = default;
 
-std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& inputs, const MultiDeviceExecutorParams& params) {
+std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& inputs,
+                                                 const MultiDeviceExecutorParams& params) {
   const bool multi = isMultiDevice(*fusion_);
   Communicator* comm = multi ? &Communicator::instance() : nullptr;
   const int64_t rank = comm ? comm->rank() : 0;
@@ -108,8 +111,10 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   ValueMap values;
   for (size_t i = 0; i < lowered.inputs().size(); ++i) {
     const Val* v = lowered.inputs()[i];
-    if (!v->isTensor()) values.scalars[v] = std::get<double>(inputs[i]);
-    else if (sig.present[i] && std::holds_alternative<Tensor>(inputs[i])) values.tensors[v] = std::get<Tensor>(inputs[i]);
+    if (!v->isTensor())
+      values.scalars[v] = std::get<double>(inputs[i]);
+    else if (sig.present[i] && std::holds_alternative<Tensor>(inputs[i]))
+      values.tensors[v] = std::get<Tensor>(inputs[i]);
   }
   HostIrEvaluatorParams eval_params = params.executor;
   eval_params.timeout = timeout;

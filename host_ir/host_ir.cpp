@@ -25,7 +25,8 @@ std::string Communication::toString() const {
   std::ostringstream os;
   os << meshfuse::toString(type) << "(" << out->name() << " <- " << in->name() << ", team=" << shapeToString(team);
   if (root >= 0) os << ", root=" << team[root];
-  if (type == Type::Allreduce || type == Type::ReduceScatter || type == Type::Reduce) os << ", op=" << meshfuse::toString(op);
+  if (type == Type::Allreduce || type == Type::ReduceScatter || type == Type::Reduce)
+    os << ", op=" << meshfuse::toString(op);
   if (gathered_axis >= 0) os << ", gathered_axis=" << gathered_axis;
   if (scattered_axis >= 0) os << ", scattered_axis=" << scattered_axis;
   if (send_to >= 0) os << ", send_to=" << send_to;
@@ -41,15 +42,19 @@ std::string HostIrContainer::toString() const {
     switch (ins.kind) {
       case Instruction::Kind::LaunchSegment: os << "  LaunchSegment " << segments[ins.index].toString(); break;
       case Instruction::Kind::PostCommunication: os << "  PostOnStream " << communications[ins.index].toString(); break;
-      case Instruction::Kind::Wait: os << "  Wait " << meshfuse::toString(communications[ins.index].type) << "(" << communications[ins.index].out->name() << ")"; break;
+      case Instruction::Kind::Wait:
+        os << "  Wait " << meshfuse::toString(communications[ins.index].type) << "("
+           << communications[ins.index].out->name() << ")";
+        break;
       case Instruction::Kind::LocalSlice:
-        os << "  LocalSlice " << ins.out->name() << " = " << ins.in->name() << " block " << ins.block << "/" << ins.parts
-           << " along axis " << ins.axis;
+        os << "  LocalSlice " << ins.out->name() << " = " << ins.in->name() << " block " << ins.block << "/"
+           << ins.parts << " along axis " << ins.axis;
         break;
       case Instruction::Kind::LocalCopy: os << "  LocalCopy " << ins.out->name() << " = " << ins.in->name(); break;
     }
     if (ins.out || ins.kind == Instruction::Kind::LaunchSegment) {
-      const TensorView* shown = ins.out ? ins.out : (segments[ins.index].outputs.empty() ? nullptr : segments[ins.index].outputs[0]);
+      const TensorView* shown =
+          ins.out ? ins.out : (segments[ins.index].outputs.empty() ? nullptr : segments[ins.index].outputs[0]);
       if (shown && local_shapes.count(shown)) os << "  # local " << shapeToString(local_shapes.at(shown));
     }
     os << "\n";

@@ -11,7 +11,17 @@
 namespace meshfuse {
 
 struct Communication {
-  enum class Type : uint8_t { Allgather, Allreduce, ReduceScatter, Reduce, Gather, Broadcast, Scatter, AllToAll, SendRecv };
+  enum class Type : uint8_t {
+    Allgather,
+    Allreduce,
+    ReduceScatter,
+    Reduce,
+    Gather,
+    Broadcast,
+    Scatter,
+    AllToAll,
+    SendRecv
+  };
   Type type = Type::Allgather;
   std::vector<int64_t> team;  // world ranks, in team order
   int64_t root = -1;          // team index of the root (Reduce, Gather, Broadcast, Scatter)

@@ -23,7 +23,8 @@ std::string shardNote(const TensorView* tv, int axis) {
 InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument>& inputs, int64_t rank) {
   const auto& defs = fusion.inputs();
   if (inputs.size() != defs.size())
-    throw UserError("execute: expected " + std::to_string(defs.size()) + " inputs, got " + std::to_string(inputs.size()));
+    throw UserError("execute: expected " + std::to_string(defs.size()) + " inputs, got " +
+                    std::to_string(inputs.size()));
   InputSignature sig;
   bool device_set = false;
   for (size_t i = 0; i < defs.size(); ++i) {
@@ -32,7 +33,8 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
     sig.dtypes.push_back(def->dtype());
     if (!def->isTensor()) {
       if (!std::holds_alternative<double>(arg))
-        throw UserError("execute: input " + std::to_string(i) + " (" + def->name() + ") is a scalar; got a tensor or None");
+        throw UserError("execute: input " + std::to_string(i) + " (" + def->name() +
+                        ") is a scalar; got a tensor or None");
       sig.present.push_back(true);
       sig.global.emplace_back();
       continue;
@@ -51,19 +53,22 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
     if (t.dtype() != tv->dtype())
       throw UserError(tv->name() + ": expected dtype " + toString(tv->dtype()) + ", got " + toString(t.dtype()));
     if (t.dim() != tv->ndim())
-      throw UserError(tv->name() + ": expected rank " + std::to_string(tv->ndim()) + " (shape " + shapeToString(tv->shape()) +
-                      "), got rank " + std::to_string(t.dim()) + " (shape " + shapeToString(t.shape()) + ")");
+      throw UserError(tv->name() + ": expected rank " + std::to_string(tv->ndim()) + " (shape " +
+                      shapeToString(tv->shape()) + "), got rank " + std::to_string(t.dim()) + " (shape " +
+                      shapeToString(t.shape()) + ")");
     if (tv->isContiguous() && !t.isContiguous())
-      throw UserError(tv->name() + ": the definition says contiguous but the input has shape " + shapeToString(t.shape()) +
-                      " and strides " + shapeToString(t.strides()) + " (pass a contiguous copy, or define it with contiguity=False)");
+      throw UserError(tv->name() + ": the definition says contiguous but the input has shape " +
+                      shapeToString(t.shape()) + " and strides " + shapeToString(t.strides()) +
+                      " (pass a contiguous copy, or define it with contiguity=False)");
     std::vector<int64_t> global = globalShape(tv, t.shape());
     for (int64_t a = 0; a < tv->ndim(); ++a) {
       int64_t expected = tv->shape()[a];
       if (expected >= 0 && global[a] != expected) {
         std::string note = shardNote(tv, static_cast<int>(a));
         int64_t local_expected = localShape(tv, tv->shape())[a];
-        throw UserError(tv->name() + " axis " + std::to_string(a) + ": expected extent " + std::to_string(local_expected) +
-                        note + ", got " + std::to_string(t.shape()[a]) + " (input shape " + shapeToString(t.shape()) + ")");
+        throw UserError(tv->name() + " axis " + std::to_string(a) + ": expected extent " +
+                        std::to_string(local_expected) + note + ", got " + std::to_string(t.shape()[a]) +
+                        " (input shape " + shapeToString(t.shape()) + ")");
       }
     }
     if (!device_set) {
@@ -124,7 +129,8 @@ Decoded decode(const std::string& blob) {
   for (int64_t i = 0; i < count; ++i) {
     d.sig.present.push_back(words[pos++] != 0);
     int64_t rank = words[pos++];
-    d.sig.global.emplace_back(words.begin() + static_cast<int64_t>(pos), words.begin() + static_cast<int64_t>(pos) + rank);
+    d.sig.global.emplace_back(words.begin() + static_cast<int64_t>(pos),
+                              words.begin() + static_cast<int64_t>(pos) + rank);
     pos += rank;
   }
   return d;
@@ -155,7 +161,8 @@ InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, c
   if (!my_error.empty()) throw UserError(my_error);
   for (size_t r = 0; r < decoded.size(); ++r)
     if (!decoded[r].ok)
-      throw UserError("rank " + std::to_string(r) + " failed its input check, so no rank executes: " + decoded[r].error);
+      throw UserError("rank " + std::to_string(r) +
+                      " failed its input check, so no rank executes: " + decoded[r].error);
 
   InputSignature merged = *mine;
   const auto& defs = fusion.inputs();
@@ -169,9 +176,9 @@ InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, c
         first = static_cast<int>(r);
         merged.global[i] = s.global[i];
       } else if (s.global[i] != decoded[first].sig.global[i]) {
-        throw UserError(defs[i]->name() + ": ranks disagree on its global shape: " + shapeToString(decoded[first].sig.global[i]) +
-                        " on rank " + std::to_string(first) + " but " + shapeToString(s.global[i]) + " on rank " +
-                        std::to_string(r));
+        throw UserError(defs[i]->name() + ": ranks disagree on its global shape: " +
+                        shapeToString(decoded[first].sig.global[i]) + " on rank " + std::to_string(first) + " but " +
+                        shapeToString(s.global[i]) + " on rank " + std::to_string(r));
       }
     }
     if (first < 0) throw UserError(defs[i]->name() + ": no rank holds this input (check its device mesh)");

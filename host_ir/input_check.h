@@ -12,9 +12,9 @@
 namespace meshfuse {
 
 struct InputSignature {
-  std::vector<bool> present;                  // whether this rank holds input i
+  std::vector<bool> present;  // whether this rank holds input i
   std::vector<DataType> dtypes;
-  std::vector<std::vector<int64_t>> global;   // global shapes (empty for scalars)
+  std::vector<std::vector<int64_t>> global;  // global shapes (empty for scalars)
   DeviceType device = DeviceType::CPU;
   int device_index = 0;
 };

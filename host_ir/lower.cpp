@@ -26,7 +26,8 @@ GlobalShapes bindShapes(const Fusion& fusion, const GlobalShapes& input_shapes) 
     shapes[e->out()] = inferShape(e->op(), e->attrs(), e->inputs(), in);
   }
   for (const auto& v : fusion.vals())
-    if (v->isTensor() && shapes.count(v.get())) checkShardable(static_cast<const TensorView*>(v.get()), shapes.at(v.get()));
+    if (v->isTensor() && shapes.count(v.get()))
+      checkShardable(static_cast<const TensorView*>(v.get()), shapes.at(v.get()));
   return shapes;
 }
 
@@ -59,20 +60,23 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
   hic_->rank = rank;
   hic_->device = device;
   open_pointwise_ = -1;
-  for (const auto& [val, global] : shapes) hic_->local_shapes[val] = localShape(static_cast<const TensorView*>(val), global);
+  for (const auto& [val, global] : shapes)
+    hic_->local_shapes[val] = localShape(static_cast<const TensorView*>(val), global);
   if (isMultiDevice(fusion)) {
     Communicator& comm = Communicator::instance();
     backend_ = comm.resolve(params_.communicator_backend, device);
     if (!comm.isAvailable(backend_)) {
       std::string available;
       for (CommunicatorBackend b : comm.availableBackends()) available += (available.empty() ? "" : ", ") + toString(b);
-      throw UserError("communicator backend '" + toString(backend_) + "' is not available in this build; available: " +
-                      available);
+      throw UserError("communicator backend '" + toString(backend_) +
+                      "' is not available in this build; available: " + available);
     }
   }
   for (Expr* e : fusion.liveExprs()) {
-    if (isResharding(e)) lowerResharding(e);
-    else lowerCompute(e);
+    if (isResharding(e))
+      lowerResharding(e);
+    else
+      lowerCompute(e);
   }
   finishSegments(fusion);
   placeWaits();
@@ -116,8 +120,8 @@ void HostIrLower::lowerResharding(const Expr* e) {
   c.out = out;
   c.backend = backend_;
   auto unsupported = [&](const std::string& why) {
-    return UserError("cannot lower the resharding " + out->name() + " (" + cm.toString() + ", " + cs.toString() + ") <- " +
-                     in->name() + " (" + pm.toString() + ", " + ps.toString() + "): " + why);
+    return UserError("cannot lower the resharding " + out->name() + " (" + cm.toString() + ", " + cs.toString() +
+                     ") <- " + in->name() + " (" + pm.toString() + ", " + ps.toString() + "): " + why);
   };
   auto local = [&](Instruction::Kind kind, int axis, int64_t parts, int64_t block) {
     Instruction ins;
@@ -154,6 +158,32 @@ void HostIrLower::lowerResharding(const Expr* e) {
       local(Instruction::Kind::LocalSlice, cs.axis[d], pm.size(p), pm.coordinate(rank, p));
       return;
     }
+  } else if (pm.shape() == cm.shape() && ps == cs) {
+    int64_t mine_src = pm.indexOf(rank), mine_dst = cm.indexOf(rank);
+    if (mine_src < 0 && mine_dst < 0) return;
+    // A rank can be in both meshes (overlapping stages): one instruction sends, one receives.
+    c.type = Communication::Type::SendRecv;
+    if (mine_src >= 0) {
+      int64_t dst = cm.devices()[mine_src];
+      if (dst == rank) {
+        local(Instruction::Kind::LocalCopy, -1, 1, 0);
+      } else {
+        Communication s = c;
+        s.team = {std::min(rank, dst), std::max(rank, dst)};
+        s.send_to = dst;
+        hic_->communications.push_back(s);
+        hic_->program.push_back(
+            Instruction{Instruction::Kind::PostCommunication, static_cast<int>(hic_->communications.size()) - 1});
+      }
+    }
+    if (mine_dst >= 0) {
+      int64_t src = pm.devices()[mine_dst];
+      if (src == rank) return;  // the LocalCopy above
+      c.team = {std::min(rank, src), std::max(rank, src)};
+      c.recv_from = src;
+    } else {
+      return;
+    }
   } else if (cm.size() == 1) {
     int64_t root = cm.devices()[0];
     bool p_partial = ps.partial[0] || ps.partial[1] || ps.partial[2];
@@ -166,9 +196,12 @@ void HostIrLower::lowerResharding(const Expr* e) {
       c.type = Communication::Type::SendRecv;
       int64_t src = pm.devices()[0];
       c.team = {std::min(src, root), std::max(src, root)};
-      if (rank == src) c.send_to = root;
-      else if (rank == root) c.recv_from = src;
-      else return;
+      if (rank == src)
+        c.send_to = root;
+      else if (rank == root)
+        c.recv_from = src;
+      else
+        return;
     } else {
       if (pm.rank() != 1) throw unsupported("gathering or reducing onto one device needs a 1-D source mesh");
       if (!pm.has(root)) throw unsupported("the destination device must be part of the source mesh");
@@ -198,31 +231,7 @@ void HostIrLower::lowerResharding(const Expr* e) {
       c.scattered_axis = cs.axis[0];
     }
   } else {
-    if (pm.shape() != cm.shape()) throw unsupported("meshes of different shapes");
-    int64_t mine_src = pm.indexOf(rank), mine_dst = cm.indexOf(rank);
-    if (mine_src < 0 && mine_dst < 0) return;
-    // A rank can be in both meshes (overlapping stages): one instruction sends, one receives.
-    c.type = Communication::Type::SendRecv;
-    if (mine_src >= 0) {
-      int64_t dst = cm.devices()[mine_src];
-      if (dst == rank) {
-        local(Instruction::Kind::LocalCopy, -1, 1, 0);
-      } else {
-        Communication s = c;
-        s.team = {std::min(rank, dst), std::max(rank, dst)};
-        s.send_to = dst;
-        hic_->communications.push_back(s);
-        hic_->program.push_back(Instruction{Instruction::Kind::PostCommunication, static_cast<int>(hic_->communications.size()) - 1});
-      }
-    }
-    if (mine_dst >= 0) {
-      int64_t src = pm.devices()[mine_dst];
-      if (src == rank) return;  // the LocalCopy above
-      c.team = {std::min(rank, src), std::max(rank, src)};
-      c.recv_from = src;
-    } else {
-      return;
-    }
+    throw unsupported("meshes of different shapes");
   }
   hic_->communications.push_back(c);
   Instruction ins;

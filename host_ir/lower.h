@@ -16,7 +16,8 @@ using GlobalShapes = std::unordered_map<const Val*, std::vector<int64_t>>;
 class HostIrLower {
  public:
   explicit HostIrLower(HostIrLowerParams params) : params_(params) {}
-  std::unique_ptr<HostIrContainer> lower(const Fusion& resharded, const GlobalShapes& shapes, int64_t rank, Device device);
+  std::unique_ptr<HostIrContainer> lower(const Fusion& resharded, const GlobalShapes& shapes, int64_t rank,
+                                         Device device);
 
  private:
   void lowerCompute(const Expr* e);

@@ -68,8 +68,10 @@ class ReshardingPass {
     if (!v->isTensor()) return out_->newScalar(v->dtype(), static_cast<const Scalar*>(v)->value());
     auto* tv = static_cast<const TensorView*>(v);
     TensorView* n = out_->newTensor(tv->dtype(), tv->shape(), tv->contiguity());
-    if (tv->hasDeviceMesh()) n->setDeviceMesh(*tv->deviceMesh());
-    else if (default_mesh_) n->setDeviceMesh(*default_mesh_);  // unannotated inputs: replicated on the mesh
+    if (tv->hasDeviceMesh())
+      n->setDeviceMesh(*tv->deviceMesh());
+    else if (default_mesh_)
+      n->setDeviceMesh(*default_mesh_);  // unannotated inputs: replicated on the mesh
     n->setLoop(tv->loop());
     return n;
   }
@@ -123,17 +125,6 @@ class ReshardingPass {
   TensorView* crossMesh(TensorView* tv, const DeviceMesh& mesh, const Sharding& target) {
     const DeviceMesh& src = *tv->deviceMesh();
     Sharding s = shardingOf(tv);
-    if (mesh.size() == 1) return emitSet(tv, mesh, Sharding{});  // Gather / Reduce / one-device copy
-    if (src.size() == 1) {
-      if (mesh.rank() != 1)
-        throw UserError("resharding " + describe(tv) + " onto " + mesh.toString() + ": one device to a mesh needs a 1-D mesh");
-      if (!src.has(mesh.devices()[0]) && !mesh.has(src.devices()[0]) && target.axis[0] >= 0)
-        throw UserError("resharding " + describe(tv) + " onto " + mesh.toString() +
-                        ": a scatter's root must be a device of the target mesh");
-      Sharding t;
-      t.axis[0] = target.axis[0];
-      return emitSet(tv, mesh, t);  // Broadcast (replicate) or Scatter (shard)
-    }
     if (src.shape() == mesh.shape()) {
       if (s.partial[0] || s.partial[1] || s.partial[2]) {
         Sharding resolved = s;
@@ -142,6 +133,18 @@ class ReshardingPass {
         s = resolved;
       }
       return emitSet(tv, mesh, s);  // SendRecv, device i of one mesh to device i of the other
+    }
+    if (mesh.size() == 1) return emitSet(tv, mesh, Sharding{});  // Gather / Reduce / one-device copy
+    if (src.size() == 1) {
+      if (mesh.rank() != 1)
+        throw UserError("resharding " + describe(tv) + " onto " + mesh.toString() +
+                        ": one device to a mesh needs a 1-D mesh");
+      if (!src.has(mesh.devices()[0]) && !mesh.has(src.devices()[0]) && target.axis[0] >= 0)
+        throw UserError("resharding " + describe(tv) + " onto " + mesh.toString() +
+                        ": a scatter's root must be a device of the target mesh");
+      Sharding t;
+      t.axis[0] = target.axis[0];
+      return emitSet(tv, mesh, t);  // Broadcast (replicate) or Scatter (shard)
     }
     throw UserError("cannot move " + describe(tv) + " onto " + mesh.toString() +
                     ": meshes differ in shape and neither is a single device");
@@ -193,8 +196,8 @@ class ReshardingPass {
   }
 
   // The sharding input i must have for `e` to compute locally with output sharding `out`.
-  Sharding requiredInput(const Expr* e, size_t i, const TensorView* in, const Sharding& out, const Sharding& partial_src,
-                         const DeviceMesh& mesh) {
+  Sharding requiredInput(const Expr* e, size_t i, const TensorView* in, const Sharding& out,
+                         const Sharding& partial_src, const DeviceMesh& mesh) {
     Sharding r;
     std::vector<int> m = inputToOutputAxes(e, i);
     for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
@@ -225,7 +228,8 @@ class ReshardingPass {
 
   // Lowers one original expr (or a piece of one) whose output should end up as `target` on `mesh`.
   // Returns the value that holds the result with that sharding.
-  TensorView* lowerCompute(const Expr* e, std::vector<Val*> inputs, const DeviceMesh& mesh, std::optional<Sharding> target) {
+  TensorView* lowerCompute(const Expr* e, std::vector<Val*> inputs, const DeviceMesh& mesh,
+                           std::optional<Sharding> target) {
     // Compute on the inputs' mesh when they all share one that differs from the output's: reduce
     // or move the (smaller) result, not the operands.
     std::optional<DeviceMesh> in_mesh;
@@ -233,8 +237,10 @@ class ReshardingPass {
     for (Val* v : inputs) {
       if (!v->isTensor()) continue;
       const auto& m = static_cast<TensorView*>(v)->deviceMesh();
-      if (!in_mesh) in_mesh = m;
-      else if (m != in_mesh) shared = false;
+      if (!in_mesh)
+        in_mesh = m;
+      else if (m != in_mesh)
+        shared = false;
     }
     DeviceMesh compute_mesh = (in_mesh && shared) ? *in_mesh : mesh;
     Sharding natural = propagate(e, inputs, compute_mesh);
@@ -266,7 +272,8 @@ class ReshardingPass {
     if (!target) {
       for (int d = 0; d < kMeshDims; ++d) final_target.axis[d] = compute.partial[d] ? -1 : compute.axis[d];
     }
-    if (result->deviceMesh() != mesh || !(shardingOf(result) == final_target)) result = reshard(result, mesh, final_target);
+    if (result->deviceMesh() != mesh || !(shardingOf(result) == final_target))
+      result = reshard(result, mesh, final_target);
     if (e->op() == OpType::Mean) {
       // Shards are equal, so the mean is the average of the local means: their sum over d devices, / d.
       int64_t parts = 1;
@@ -292,7 +299,8 @@ class ReshardingPass {
     return f.exprs().back().get();
   }
 
-  TensorView* lowerPiece(const Expr* e, OpType op, std::vector<Val*> inputs, const DeviceMesh& mesh, const Sharding& out_s) {
+  TensorView* lowerPiece(const Expr* e, OpType op, std::vector<Val*> inputs, const DeviceMesh& mesh,
+                         const Sharding& out_s) {
     std::vector<Val*> ready;
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i]->isTensor()) {

@@ -72,9 +72,9 @@ void checkShardable(const TensorView* tv, const std::vector<int64_t>& shape) {
     }
     int64_t parts = tv->partsAlong(p, extent);
     if (parts != devices)
-      throw UserError(tv->name() + " axis " + std::to_string(axis) + " (extent " + std::to_string(extent) + ") is split into " +
-                      std::to_string(parts) + " parts along " + toString(p) + " but " + mesh.toString() + " has " +
-                      std::to_string(devices) + " devices there");
+      throw UserError(tv->name() + " axis " + std::to_string(axis) + " (extent " + std::to_string(extent) +
+                      ") is split into " + std::to_string(parts) + " parts along " + toString(p) + " but " +
+                      mesh.toString() + " has " + std::to_string(devices) + " devices there");
     if (extent % devices != 0)
       throw UserError(tv->name() + " axis " + std::to_string(axis) + " of extent " + std::to_string(extent) +
                       " does not shard evenly over the " + std::to_string(devices) + " devices of " + mesh.toString());
