@@ -1,0 +1,128 @@
+// The CUDA caching allocator: one cudaMallocAsync memory pool per device whose release threshold
+// is unlimited, so freed blocks stay cached in the pool and a steady-state execution allocates no
+// new device memory. Allocations and frees are ordered on the calling thread's current stream;
+// the pool's event dependencies make reuse across streams safe.
+#include "runtime/cuda/allocator.h"
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <new>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/streams.h"
+#include "runtime/tensor.h"
+
+namespace meshfuse {
+
+namespace {
+constexpr int kMaxDevices = 64;
+
+class CudaPoolAllocator final : public Allocator {
+ public:
+  explicit CudaPoolAllocator(int device) : device_(device) {
+    cuda::DeviceGuard guard(device);
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    MESHFUSE_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    uint64_t keep_everything = std::numeric_limits<uint64_t>::max();
+    MESHFUSE_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  }
+
+  void* allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    cuda::DeviceGuard guard(device_);
+    cudaStream_t stream = cuda::currentStream(device_);
+    void* p = nullptr;
+    cudaError_t err = cudaMallocAsync(&p, bytes, pool_, stream);
+    if (err == cudaErrorMemoryAllocation) {
+      // Give the cached blocks back to the device and try once more before failing.
+      cudaGetLastError();
+      MESHFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+      MESHFUSE_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
+      err = cudaMallocAsync(&p, bytes, pool_, stream);
+    }
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error("CUDA allocation of " + std::to_string(bytes) +
+                               " bytes on cuda:" + std::to_string(device_) + " failed: " + cudaGetErrorString(err) +
+                               " (" + std::to_string(in_use_.load()) + " bytes in use)");
+    }
+    in_use_ += static_cast<int64_t>(bytes);
+    return p;
+  }
+
+  // Never throws: it runs from Storage's destructor, possibly after the CUDA runtime has unloaded at
+  // exit, when the memory is gone with the process anyway.
+  void deallocate(void* ptr, size_t bytes) override {
+    if (ptr == nullptr) return;
+    in_use_ -= static_cast<int64_t>(bytes);
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) return;
+    if (previous != device_) cudaSetDevice(device_);
+    if (cudaFreeAsync(ptr, cuda::currentStream(device_)) != cudaSuccess) cudaGetLastError();
+    if (previous != device_) cudaSetDevice(previous);
+  }
+
+  Device device() const override { return Device::cuda(device_); }
+  int64_t inUse() const { return in_use_.load(); }
+  int64_t reserved() const {
+    uint64_t bytes = 0;
+    cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &bytes);
+    return static_cast<int64_t>(bytes);
+  }
+
+ private:
+  int device_;
+  cudaMemPool_t pool_ = nullptr;
+  std::atomic<int64_t> in_use_{0};
+};
+
+std::array<std::once_flag, kMaxDevices> g_created;
+std::array<CudaPoolAllocator*, kMaxDevices> g_allocators{};  // never deleted: tensors may outlive main()
+
+CudaPoolAllocator& allocatorOf(int device) {
+  if (device < 0 || device >= kMaxDevices)
+    throw std::invalid_argument("CUDA device index " + std::to_string(device) + " is out of range");
+  std::call_once(g_created[device], [device] {
+    std::string why;
+    int count = cuda::deviceCount(&why);
+    if (device >= count)
+      throw std::invalid_argument("cuda:" + std::to_string(device) + " does not exist (" + std::to_string(count) +
+                                  " CUDA devices" + (why.empty() ? "" : ": " + why) + ")");
+    g_allocators[device] = new CudaPoolAllocator(device);
+  });
+  if (g_allocators[device] == nullptr)
+    throw std::invalid_argument("cuda:" + std::to_string(device) + " has no allocator (its creation failed)");
+  return *g_allocators[device];
+}
+}  // namespace
+
+Allocator* cudaAllocator(int device_index) { return &allocatorOf(device_index); }
+
+int64_t cuda::bytesInUse(int device) { return allocatorOf(device).inUse(); }
+int64_t cuda::bytesReserved(int device) { return allocatorOf(device).reserved(); }
+
+void cudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  // The copy is queued on the current stream of the CUDA side (the destination's when both are), so
+  // it orders after the kernels that produced the source there; then the host waits for it.
+  const Device side = dst_device.type == DeviceType::CUDA ? dst_device : src_device;
+  cuda::DeviceGuard guard(side.index);
+  cudaStream_t stream = cuda::currentStream(side.index);
+  if (dst_device.type == DeviceType::CUDA && src_device.type == DeviceType::CUDA &&
+      dst_device.index != src_device.index) {
+    // The source device's queued work must be complete before a peer copy reads it.
+    cuda::synchronizeStream(src_device.index, cuda::currentStream(src_device.index));
+    MESHFUSE_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes, stream));
+  } else {
+    MESHFUSE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  }
+  MESHFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace meshfuse

@@ -1,0 +1,238 @@
+// makeCudaExecutor(): runs a Segment on one GPU. The segment's exprs are taken in order: each
+// maximal run of pointwise exprs becomes ONE generated kernel per output shape (the whole chain
+// fused, intermediates in registers), reductions a generated reduction kernel, matmul/linear
+// cuBLASLt, views a restride. Everything is enqueued on the device's current stream.
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ops/shape_inference.h"
+#include "runtime/cuda/matmul.h"
+#include "runtime/cuda/pointwise_kernel.h"
+#include "runtime/cuda/reduction.h"
+#include "runtime/cuda/streams.h"
+#include "runtime/cuda/views.h"
+#include "runtime/segment.h"
+
+namespace meshfuse {
+
+namespace {
+
+using Operand = cuda::PointwiseProgram::Operand;
+
+// The tensors of one segment run: the segment's inputs (from the ValueMap) and what it computes.
+class SegmentRun {
+ public:
+  SegmentRun(int device, const Segment& seg, ValueMap& values, const ShapeMap& shapes)
+      : device_(device), seg_(seg), values_(values), shapes_(shapes) {
+    outputs_.insert(seg.outputs.begin(), seg.outputs.end());
+  }
+
+  void execute() {
+    const auto& exprs = seg_.exprs;
+    for (size_t i = 0; i < exprs.size();) {
+      if (isPointwise(exprs[i]->op())) {
+        size_t j = i;
+        while (j < exprs.size() && isPointwise(exprs[j]->op())) ++j;
+        runPointwiseGroup(i, j);
+        i = j;
+      } else {
+        runSingle(*exprs[i]);
+        ++i;
+      }
+    }
+    for (TensorView* out : seg_.outputs)
+      if (!values_.tensors.count(out))
+        throw std::logic_error("CUDA executor: " + out->name() + " is not computed by " + seg_.toString());
+  }
+
+ private:
+  const Tensor& tensor(const Val* v) {
+    auto it = local_.find(v);
+    if (it != local_.end()) return it->second;
+    const Tensor& t = values_.tensor(v);
+    if (t.device() != Device::cuda(device_))
+      throw std::invalid_argument("CUDA executor: input " + v->name() + " is " + t.toString() +
+                                  ", expected cuda:" + std::to_string(device_));
+    if (t.dtype() != v->dtype())
+      throw std::invalid_argument("CUDA executor: input " + v->name() + " has dtype " + toString(t.dtype()) +
+                                  ", expected " + toString(v->dtype()));
+    auto s = shapes_.find(v);
+    if (s != shapes_.end() && s->second != t.shape())
+      throw std::invalid_argument("CUDA executor: input " + v->name() + " has shape " + shapeToString(t.shape()) +
+                                  ", expected " + shapeToString(s->second));
+    return t;
+  }
+
+  // The local shape of a value the segment computes: the ShapeMap's, else inferred from operands.
+  std::vector<int64_t> shapeOf(const Expr& e) {
+    auto it = shapes_.find(e.out());
+    if (it != shapes_.end()) return it->second;
+    std::vector<std::vector<int64_t>> in_shapes;
+    for (const Val* v : e.inputs()) in_shapes.push_back(v->isTensor() ? tensorShape(v) : std::vector<int64_t>{});
+    return inferShape(e.op(), e.attrs(), e.inputs(), in_shapes);
+  }
+  std::vector<int64_t> tensorShape(const Val* v) {
+    auto it = shapes_.find(v);
+    if (it != shapes_.end()) return it->second;
+    auto def = computed_shapes_.find(v);
+    if (def != computed_shapes_.end()) return def->second;
+    return tensor(v).shape();
+  }
+
+  bool neededLater(const Val* v, size_t after) const {
+    if (outputs_.count(static_cast<const TensorView*>(v))) return true;
+    for (size_t k = after; k < seg_.exprs.size(); ++k)
+      for (const Val* in : seg_.exprs[k]->inputs())
+        if (in == v) return true;
+    return false;
+  }
+
+  void bind(const TensorView* tv, Tensor t) {
+    if (outputs_.count(tv)) values_.tensors[tv] = t;
+    local_[tv] = std::move(t);
+  }
+
+  Tensor allocate(const TensorView* tv, const std::vector<int64_t>& shape) {
+    return Tensor::empty(shape, tv->dtype(), Device::cuda(device_));
+  }
+
+  // Exprs [begin, end) are pointwise; the values used after them are computed by one kernel per
+  // distinct output shape, each from the backward slice of the chain it needs.
+  void runPointwiseGroup(size_t begin, size_t end) {
+    std::map<std::vector<int64_t>, std::vector<const Expr*>> by_shape;
+    for (size_t i = begin; i < end; ++i) {
+      const Expr* e = seg_.exprs[i];
+      computed_shapes_[e->out()] = shapeOf(*e);
+      if (neededLater(e->out(), end)) by_shape[computed_shapes_[e->out()]].push_back(e);
+    }
+    for (const auto& [shape, producers] : by_shape) runPointwiseProgram(begin, end, producers);
+  }
+
+  void runPointwiseProgram(size_t begin, size_t end, const std::vector<const Expr*>& producers) {
+    std::unordered_set<const Val*> needed;
+    for (const Expr* e : producers) needed.insert(e->out());
+    std::vector<const Expr*> slice;
+    for (size_t i = end; i-- > begin;) {
+      const Expr* e = seg_.exprs[i];
+      if (!needed.count(e->out())) continue;
+      slice.push_back(e);
+      needed.insert(e->inputs().begin(), e->inputs().end());
+    }
+    std::reverse(slice.begin(), slice.end());
+
+    cuda::PointwiseProgram prog;
+    std::vector<Tensor> inputs;
+    std::vector<double> scalars;
+    std::unordered_map<const Val*, Operand> operand_of;
+    auto operand = [&](const Val* v) -> Operand {
+      auto it = operand_of.find(v);
+      if (it != operand_of.end()) return it->second;
+      Operand o;
+      o.dtype = v->dtype();
+      if (v->isTensor()) {
+        o.kind = Operand::Kind::Input;
+        o.index = static_cast<int>(inputs.size());
+        inputs.push_back(tensor(v));
+        prog.inputs.push_back(v->dtype());
+      } else if (static_cast<const Scalar*>(v)->isConstant()) {
+        o.kind = Operand::Kind::Constant;
+        o.value = *static_cast<const Scalar*>(v)->value();
+      } else {
+        o.kind = Operand::Kind::Scalar;
+        o.index = prog.num_scalars++;
+        scalars.push_back(values_.scalar(v));
+      }
+      return operand_of[v] = o;
+    };
+    for (const Expr* e : slice) {
+      cuda::PointwiseProgram::Instr ins{e->op(), {}, e->op() == OpType::Cast ? e->attrs().cast_to : e->out()->dtype()};
+      for (const Val* v : e->inputs()) ins.args.push_back(operand(v));
+      Operand t;
+      t.kind = Operand::Kind::Temp;
+      t.index = static_cast<int>(prog.instrs.size());
+      t.dtype = ins.dtype;
+      prog.instrs.push_back(std::move(ins));
+      operand_of[e->out()] = t;
+    }
+    std::vector<Tensor> outputs;
+    for (const Expr* e : producers) {
+      prog.outputs.push_back(operand_of.at(e->out()).index);
+      outputs.push_back(allocate(e->out(), computed_shapes_.at(e->out())));
+    }
+    cuda::runPointwise(device_, prog, inputs, scalars, outputs);
+    for (size_t i = 0; i < producers.size(); ++i) bind(producers[i]->out(), outputs[i]);
+  }
+
+  void runSingle(const Expr& e) {
+    const std::vector<int64_t> out_shape = shapeOf(e);
+    computed_shapes_[e.out()] = out_shape;
+    if (isReduction(e.op())) {
+      Tensor out = allocate(e.out(), out_shape);
+      cuda::runReduction(device_, e.op(), tensor(e.input(0)), e.attrs().axes, out);
+      bind(e.out(), out);
+      return;
+    }
+    switch (e.op()) {
+      case OpType::Matmul:
+      case OpType::Linear: return runProduct(e, out_shape);
+      case OpType::Permute:
+      case OpType::BroadcastInDim:
+      case OpType::Reshape: bind(e.out(), cuda::applyView(e, tensor(e.input(0)), out_shape)); return;
+      default: break;
+    }
+    throw std::logic_error("CUDA executor: cannot run " + toString(e.op()) + " in " + seg_.toString());
+  }
+
+  // Operands of another dtype are converted to the result's; integer products run in fp64
+  // (exact below 2^53) and are converted back.
+  void runProduct(const Expr& e, const std::vector<int64_t>& out_shape) {
+    const DataType out_t = e.out()->dtype();
+    const bool integral = !isFloatingPoint(out_t);
+    const DataType work_t = integral ? DataType::Double : out_t;
+    std::vector<Tensor> ops;
+    for (const Val* v : e.inputs()) ops.push_back(tensor(v).to(work_t));
+    Tensor out = Tensor::empty(out_shape, work_t, Device::cuda(device_));
+    if (e.op() == OpType::Matmul)
+      cuda::runMatmul(device_, ops[0], ops[1], out);
+    else
+      cuda::runLinear(device_, ops[0], ops[1], ops.size() > 2 ? ops[2] : Tensor(), out);
+    bind(e.out(), integral ? out.to(out_t) : out);
+  }
+
+  int device_;
+  const Segment& seg_;
+  ValueMap& values_;
+  const ShapeMap& shapes_;
+  std::unordered_set<const TensorView*> outputs_;
+  std::unordered_map<const Val*, Tensor> local_;
+  std::unordered_map<const Val*, std::vector<int64_t>> computed_shapes_;
+};
+
+class CudaExecutor final : public SegmentExecutor {
+ public:
+  explicit CudaExecutor(int device) : device_(device) {}
+  void run(const Segment& seg, ValueMap& values, const ShapeMap& shapes) override {
+    cuda::DeviceGuard guard(device_);
+    SegmentRun(device_, seg, values, shapes).execute();
+  }
+  Device device() const override { return Device::cuda(device_); }
+
+ private:
+  int device_;
+};
+
+}  // namespace
+
+std::unique_ptr<SegmentExecutor> makeCudaExecutor(int device_index) {
+  std::string why;
+  int count = cuda::deviceCount(&why);
+  if (device_index < 0 || device_index >= count)
+    throw std::invalid_argument("makeCudaExecutor: cuda:" + std::to_string(device_index) + " does not exist (" +
+                                std::to_string(count) + " CUDA devices" + (why.empty() ? "" : ": " + why) + ")");
+  return std::make_unique<CudaExecutor>(device_index);
+}
+
+}  // namespace meshfuse

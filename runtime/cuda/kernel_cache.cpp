@@ -1,0 +1,120 @@
+// NVRTC compilation and the kernel cache (see kernel_cache.h).
+#include "runtime/cuda/kernel_cache.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "runtime/cuda/cuda_check.h"
+
+namespace meshfuse::cuda {
+
+namespace {
+std::atomic<int64_t> g_compilations{0};
+
+struct Cache {
+  std::mutex mutex;
+  std::map<std::string, std::string> cubins;                    // key|arch -> cubin
+  std::map<std::pair<int, std::string>, CUfunction> functions;  // (device, key) -> loaded kernel
+};
+Cache& cache() {
+  static Cache* c = new Cache();  // never destroyed: modules live until the process ends
+  return *c;
+}
+}  // namespace
+
+std::string cudaIncludeDir() {
+  static const std::string dir = [] {
+    std::vector<std::string> roots;
+    for (const char* var : {"CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"})
+      if (const char* v = std::getenv(var); v && *v) roots.emplace_back(v);
+    roots.emplace_back("/usr/local/cuda");
+    std::string tried;
+    for (const auto& root : roots) {
+      for (const char* sub : {"/include", "/targets/x86_64-linux/include", "/targets/sbsa-linux/include"}) {
+        std::string d = root + sub;
+        if (std::filesystem::exists(d + "/cuda_fp16.h")) return d;
+        tried += (tried.empty() ? "" : ", ") + d;
+      }
+    }
+    throw std::runtime_error("NVRTC needs cuda_fp16.h from the CUDA toolkit; set CUDA_HOME (looked in " + tried + ")");
+  }();
+  return dir;
+}
+
+std::string compileToCubin(const std::string& source, const std::string& program_name, const std::string& arch) {
+  nvrtcProgram prog;
+  MESHFUSE_NVRTC_CHECK(nvrtcCreateProgram(&prog, source.c_str(), (program_name + ".cu").c_str(), 0, nullptr, nullptr));
+  const std::string arch_opt = "-arch=" + arch, include_opt = "-I" + cudaIncludeDir();
+  const char* options[] = {arch_opt.c_str(), include_opt.c_str(), "-std=c++17", "-default-device",
+                           "--extra-device-vectorization"};
+  nvrtcResult result = nvrtcCompileProgram(prog, sizeof(options) / sizeof(options[0]), options);
+  if (result != NVRTC_SUCCESS) {
+    size_t log_size = 0;
+    nvrtcGetProgramLogSize(prog, &log_size);
+    std::string log(log_size, '\0');
+    nvrtcGetProgramLog(prog, log.data());
+    nvrtcDestroyProgram(&prog);
+    throw std::runtime_error("NVRTC could not compile " + program_name + " for " + arch + ": " +
+                             nvrtcGetErrorString(result) + "\n" + log + "\n--- source ---\n" + source);
+  }
+  size_t size = 0;
+  MESHFUSE_NVRTC_CHECK(nvrtcGetCUBINSize(prog, &size));
+  std::string cubin(size, '\0');
+  MESHFUSE_NVRTC_CHECK(nvrtcGetCUBIN(prog, cubin.data()));
+  nvrtcDestroyProgram(&prog);
+  ++g_compilations;
+  return cubin;
+}
+
+std::string deviceArch(int device) {
+  int major = 0, minor = 0;
+  MESHFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MESHFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return "sm_" + std::to_string(major) + std::to_string(minor);
+}
+
+int multiprocessorCount(int device) {
+  static std::mutex mutex;
+  static std::map<int, int> counts;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = counts.find(device);
+  if (it != counts.end()) return it->second;
+  int n = 0;
+  MESHFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  counts[device] = n;
+  return n;
+}
+
+KernelFunction cachedKernel(int device, const std::string& key, const std::function<std::string()>& make_source,
+                            const std::string& name) {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto fit = c.functions.find({device, key});
+  if (fit != c.functions.end()) return fit->second;
+  const std::string arch = deviceArch(device);
+  auto& cubin = c.cubins[key + "|" + arch];
+  if (cubin.empty()) cubin = compileToCubin(make_source(), name, arch);
+  DeviceGuard guard(device);
+  MESHFUSE_CUDA_CHECK(cudaFree(nullptr));  // makes the device's primary context current for the driver API
+  CUmodule module;
+  MESHFUSE_CU_CHECK(cuModuleLoadData(&module, cubin.data()));
+  CUfunction function;
+  MESHFUSE_CU_CHECK(cuModuleGetFunction(&function, module, name.c_str()));
+  c.functions[{device, key}] = function;
+  return function;
+}
+
+void launchKernel(KernelFunction kernel, unsigned grid, unsigned block, Stream stream, void* params,
+                  unsigned dynamic_shared_bytes, unsigned grid_y, unsigned block_y) {
+  void* args[] = {params};
+  MESHFUSE_CU_CHECK(cuLaunchKernel(static_cast<CUfunction>(kernel), grid, grid_y, 1, block, block_y, 1,
+                                   dynamic_shared_bytes, reinterpret_cast<CUstream>(stream), args, nullptr));
+}
+
+int64_t kernelCompilations() { return g_compilations.load(); }
+
+}  // namespace meshfuse::cuda

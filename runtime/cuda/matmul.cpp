@@ -1,0 +1,285 @@
+// cuBLASLt matmul plans and the matmul/linear entry points (see matmul.h).
+#include "runtime/cuda/matmul.h"
+
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "ir/ir.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/pointwise_kernel.h"
+#include "runtime/cuda/streams.h"
+
+namespace meshfuse::cuda {
+
+namespace {
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+cudaDataType_t cudaTypeOf(DataType d) {
+  switch (d) {
+    case DataType::Float: return CUDA_R_32F;
+    case DataType::Double: return CUDA_R_64F;
+    case DataType::Half: return CUDA_R_16F;
+    case DataType::BFloat16: return CUDA_R_16BF;
+    default: break;
+  }
+  throw UserError("CUDA matmul: " + toString(d) + " is not supported (Float, Double, Half, BFloat16 are)");
+}
+
+int alignmentOf(const void* p) {
+  auto v = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && v % static_cast<uintptr_t>(a) != 0) a /= 2;
+  return a;
+}
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our B), B (our A), C=D
+  cublasLtMatmulAlgo_t algo{};
+  bool fused_bias = false;  // false: the bias is added by a pointwise kernel afterwards
+};
+
+struct DeviceState {
+  cublasLtHandle_t handle = nullptr;
+  std::map<cudaStream_t, void*> workspaces;  // one per stream: concurrent matmuls must not share one
+  std::map<std::string, Plan> plans;
+};
+
+std::mutex g_mutex;
+std::map<int, DeviceState> g_devices;
+
+DeviceState& stateOf(int device) {
+  DeviceState& s = g_devices[device];
+  if (s.handle == nullptr) MESHFUSE_CUBLAS_CHECK(cublasLtCreate(&s.handle));
+  return s;
+}
+
+void* workspaceFor(DeviceState& s, cudaStream_t stream) {
+  void*& w = s.workspaces[stream];
+  if (w == nullptr) MESHFUSE_CUDA_CHECK(cudaMalloc(&w, kWorkspaceBytes));
+  return w;
+}
+
+cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t l;
+  MESHFUSE_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  if (batch > 1) {
+    int32_t count = static_cast<int32_t>(batch);
+    MESHFUSE_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    MESHFUSE_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return l;
+}
+
+// Builds the plan; with `want_bias`, first tries the fused-bias epilogue.
+Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int align[4]) {
+  const cudaDataType_t t = cudaTypeOf(p.dtype);
+  const bool dbl = p.dtype == DataType::Double;
+  const cublasComputeType_t compute =
+      dbl ? CUBLAS_COMPUTE_64F : (p.dtype == DataType::Float ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+  Plan plan;
+  // Column-major view of the row-major problem: C^T (n x m) = op(B)^T (n x k) * A^T (k x m).
+  plan.a = p.trans_b ? layout(t, p.k, p.n, p.k, p.batch, p.stride_b) : layout(t, p.n, p.k, p.n, p.batch, p.stride_b);
+  plan.b = layout(t, p.k, p.m, p.k, p.batch, p.stride_a);
+  plan.c = layout(t, p.n, p.m, p.n, p.batch, p.stride_c);
+  cublasLtMatmulPreference_t pref;
+  MESHFUSE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = kWorkspaceBytes;
+  MESHFUSE_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  const cublasLtMatmulPreferenceAttributes_t align_attr[3] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                              CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                              CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
+  for (int i = 0; i < 3; ++i) {
+    uint32_t a = static_cast<uint32_t>(align[i]);
+    MESHFUSE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &a, sizeof a));
+  }
+  uint32_t ad = static_cast<uint32_t>(align[2]);
+  MESHFUSE_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
+
+  for (bool fuse : {want_bias, false}) {
+    if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+    MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, compute, dbl ? CUDA_R_64F : CUDA_R_32F));
+    cublasOperation_t opa = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
+    MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (fuse) {
+      cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      // The heuristic reads the bias pointer's alignment: a stand-in with the real one.
+      const void* fake = reinterpret_cast<const void*>(static_cast<uintptr_t>(align[3]));
+      MESHFUSE_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &fake, sizeof fake));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(s.handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+      plan.algo = result.algo;
+      plan.fused_bias = fuse;
+      cublasLtMatmulPreferenceDestroy(pref);
+      return plan;
+    }
+    if (!fuse) break;
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  std::ostringstream os;
+  os << "cuBLASLt has no algorithm for " << toString(p.dtype) << " [" << p.batch << " x " << p.m << " x " << p.k
+     << "] @ [" << p.k << " x " << p.n << "]" << (p.trans_b ? " (B transposed)" : "");
+  throw std::runtime_error(os.str());
+}
+
+void addBiasInPlace(int device, DataType dtype, void* c, int64_t rows, int64_t n, const void* bias) {
+  PointwiseProgram prog;
+  using K = PointwiseProgram::Operand::Kind;
+  prog.inputs = {dtype, dtype};
+  prog.instrs.push_back({OpType::Add, {{K::Input, 0, 0, dtype}, {K::Input, 1, 0, dtype}}, dtype});
+  prog.outputs = {0};
+  auto no_release = [](void*) {};
+  Tensor ct = Tensor::fromBlob(c, dtype, {rows, n}, {n, 1}, Device::cuda(device), no_release);
+  Tensor bt = Tensor::fromBlob(const_cast<void*>(bias), dtype, {n}, {1}, Device::cuda(device), no_release);
+  runPointwise(device, prog, {ct, bt}, {}, {ct});
+}
+
+void checkOnDevice(const Tensor& t, int device, const char* what, const char* op) {
+  if (t.device() != Device::cuda(device))
+    throw UserError(std::string(op) + ": " + what + " " + t.toString() + " is not on cuda:" + std::to_string(device));
+}
+}  // namespace
+
+void gemm(int device, const GemmProblem& p, const void* a, const void* b, void* c, const void* bias) {
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return;
+  DeviceGuard guard(device);
+  cudaStream_t stream = currentStream(device);
+  const int align[4] = {alignmentOf(b), alignmentOf(a), alignmentOf(c), bias ? alignmentOf(bias) : 256};
+  std::ostringstream key;
+  key << static_cast<int>(p.dtype) << ":" << p.m << "," << p.n << "," << p.k << "," << p.batch << "," << p.stride_a
+      << "," << p.stride_b << "," << p.stride_c << "," << p.trans_b << "," << (bias != nullptr) << "@" << align[0]
+      << "," << align[1] << "," << align[2] << "," << align[3];
+  Plan* plan;
+  void* workspace;
+  cublasLtHandle_t handle;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    DeviceState& s = stateOf(device);
+    auto it = s.plans.find(key.str());
+    if (it == s.plans.end()) it = s.plans.emplace(key.str(), makePlan(s, p, bias != nullptr, align)).first;
+    plan = &it->second;
+    workspace = workspaceFor(s, stream);
+    handle = s.handle;
+  }
+  if (p.k == 0) {  // an empty contraction: zeros (plus the bias)
+    MESHFUSE_CUDA_CHECK(
+        cudaMemsetAsync(c, 0, static_cast<size_t>(p.batch * p.m * p.n) * dataTypeSize(p.dtype), stream));
+    if (bias) addBiasInPlace(device, p.dtype, c, p.batch * p.m, p.n, bias);
+    return;
+  }
+  if (plan->fused_bias)
+    MESHFUSE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  const double one_d = 1.0, zero_d = 0.0;
+  const float one_f = 1.0f, zero_f = 0.0f;
+  const bool dbl = p.dtype == DataType::Double;
+  const void* alpha = dbl ? static_cast<const void*>(&one_d) : &one_f;
+  const void* beta = dbl ? static_cast<const void*>(&zero_d) : &zero_f;
+  MESHFUSE_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha, b, plan->a, a, plan->b, beta, c, plan->c, c, plan->c,
+                                       &plan->algo, workspace, kWorkspaceBytes, stream));
+  if (bias && !plan->fused_bias) addBiasInPlace(device, p.dtype, c, p.batch * p.m, p.n, bias);
+}
+
+void runMatmul(int device, const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
+  checkOnDevice(a_in, device, "operand", "matmul");
+  checkOnDevice(b_in, device, "operand", "matmul");
+  checkOnDevice(out, device, "output", "matmul");
+  if (a_in.dtype() != b_in.dtype() || out.dtype() != a_in.dtype())
+    throw UserError("matmul: operands " + a_in.toString() + " and " + b_in.toString() + " -> " + out.toString() +
+                    " must share one dtype on CUDA");
+  if (!out.isContiguous()) throw std::invalid_argument("matmul: the output must be contiguous");
+  // Vectors become matrices (their extra axis is absent from `out`, which leaves its layout alone).
+  const Tensor a = a_in.dim() == 1 ? a_in.contiguous().view({1, a_in.size(0)}) : a_in;
+  const Tensor b = b_in.dim() == 1 ? b_in.contiguous().view({b_in.size(0), 1}) : b_in;
+  const int64_t m = a.size(a.dim() - 2), k = a.size(a.dim() - 1), n = b.size(b.dim() - 1);
+  if (b.size(b.dim() - 2) != k)
+    throw UserError("matmul: contraction extents differ: " + a_in.toString() + " @ " + b_in.toString());
+  const std::vector<int64_t> batch_a(a.shape().begin(), a.shape().end() - 2);
+  const std::vector<int64_t> batch_b(b.shape().begin(), b.shape().end() - 2);
+  const size_t rank = std::max(batch_a.size(), batch_b.size());
+  std::vector<int64_t> batch(rank, 1);
+  for (const auto* bs : {&batch_a, &batch_b})
+    for (size_t i = 0; i < bs->size(); ++i) {
+      int64_t& e = batch[rank - bs->size() + i];
+      e = std::max(e, (*bs)[i]);
+    }
+  const int64_t nbatch = numelOf(batch);
+  if (out.numel() != nbatch * m * n)
+    throw std::invalid_argument("matmul: output " + out.toString() + " does not hold " +
+                                std::to_string(nbatch * m * n) + " elements");
+  // An operand is expanded to the full batch and made dense (a no-op when it already is).
+  auto dense = [&](const Tensor& t) {
+    std::vector<int64_t> full = batch;
+    full.insert(full.end(), t.shape().end() - 2, t.shape().end());
+    std::vector<int64_t> padded(full.size() - t.shape().size(), 1);
+    padded.insert(padded.end(), t.shape().begin(), t.shape().end());
+    return Tensor(t.storage(), t.byteOffset(), t.dtype(), padded,
+                  [&] {
+                    std::vector<int64_t> st(padded.size() - t.shape().size(), 0);
+                    st.insert(st.end(), t.strides().begin(), t.strides().end());
+                    return st;
+                  }())
+        .expand(full)
+        .contiguous();
+  };
+  GemmProblem p;
+  p.dtype = a.dtype();
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  if (numelOf(batch_b) == 1) {
+    // B is shared by every batch: the batch folds into M, one large product.
+    Tensor ad = dense(a), bd = b.contiguous();
+    p.m = m * nbatch;
+    gemm(device, p, ad.data(), bd.data(), out.data(), nullptr);
+    return;
+  }
+  Tensor ad = dense(a), bd = dense(b);
+  p.batch = nbatch;
+  p.stride_a = m * k;
+  p.stride_b = k * n;
+  p.stride_c = m * n;
+  gemm(device, p, ad.data(), bd.data(), out.data(), nullptr);
+}
+
+void runLinear(int device, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+  checkOnDevice(x, device, "input", "linear");
+  checkOnDevice(weight, device, "weight", "linear");
+  checkOnDevice(out, device, "output", "linear");
+  if (bias.defined()) checkOnDevice(bias, device, "bias", "linear");
+  if (weight.dtype() != x.dtype() || out.dtype() != x.dtype() || (bias.defined() && bias.dtype() != x.dtype()))
+    throw UserError("linear: input " + x.toString() + ", weight " + weight.toString() +
+                    (bias.defined() ? ", bias " + bias.toString() : std::string()) + " must share one dtype on CUDA");
+  const int64_t k = x.size(x.dim() - 1);
+  const int64_t n = weight.dim() == 2 ? weight.size(0) : 1;
+  if (weight.size(weight.dim() - 1) != k)
+    throw UserError("linear: weight " + weight.toString() + " does not contract with input " + x.toString());
+  if (bias.defined() && bias.numel() != n)
+    throw UserError("linear: bias " + bias.toString() + " must hold " + std::to_string(n) + " elements");
+  if (!out.isContiguous()) throw std::invalid_argument("linear: the output must be contiguous");
+  Tensor xd = x.contiguous(), wd = weight.contiguous();
+  Tensor bd = bias.defined() ? bias.contiguous() : Tensor();
+  GemmProblem p;
+  p.dtype = x.dtype();
+  p.m = xd.numel() / std::max<int64_t>(k, 1);
+  if (k == 0) p.m = numelOf(std::vector<int64_t>(x.shape().begin(), x.shape().end() - 1));
+  p.n = n;
+  p.k = k;
+  p.trans_b = true;  // weight is [n, k]
+  gemm(device, p, xd.data(), wd.data(), out.data(), bd.defined() ? bd.data() : nullptr);
+}
+
+}  // namespace meshfuse::cuda

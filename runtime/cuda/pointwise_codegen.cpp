@@ -1,0 +1,315 @@
+// Generation of the fused pointwise kernels (see pointwise_codegen.h).
+#include "runtime/cuda/pointwise_codegen.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace meshfuse::cuda {
+
+std::string storageType(DataType dtype) {
+  switch (dtype) {
+    case DataType::Float: return "float";
+    case DataType::Double: return "double";
+    case DataType::Half: return "__half";
+    case DataType::BFloat16: return "__nv_bfloat16";
+    case DataType::Int: return "i64";
+    case DataType::Int32: return "int";
+    case DataType::Bool: return "u8";
+  }
+  throw std::logic_error("storageType: unknown dtype");
+}
+
+// 16-bit floats are computed in float32, as on the CPU executor (and in nvFuser).
+std::string computeType(DataType dtype) {
+  switch (dtype) {
+    case DataType::Float:
+    case DataType::Half:
+    case DataType::BFloat16: return "float";
+    case DataType::Double: return "double";
+    case DataType::Int: return "i64";
+    case DataType::Int32: return "int";
+    case DataType::Bool: return "bool";
+  }
+  throw std::logic_error("computeType: unknown dtype");
+}
+
+namespace {
+// A value of computeType(from) as computeType(to).
+std::string valueConvert(const std::string& expr, DataType from, DataType to) {
+  const std::string a = computeType(from), b = computeType(to);
+  if (a == b) return expr;
+  if (b == "bool") return "((" + expr + ") != 0)";
+  return "static_cast<" + b + ">(" + expr + ")";
+}
+
+std::string literal(double v) {
+  char buf[64];
+  if (std::isfinite(v)) {
+    std::snprintf(buf, sizeof buf, "%a", v);  // exact (a C++17 hexadecimal floating literal)
+  } else {
+    long long bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    std::snprintf(buf, sizeof buf, "__longlong_as_double(%lldLL)", bits);
+  }
+  return buf;
+}
+
+bool isFloatCompute(DataType d) { return computeType(d) == "float"; }
+bool isDoubleCompute(DataType d) { return d == DataType::Double; }
+
+// The expression of `op` on operands already converted to the op's compute type (named a, b).
+std::string opExpression(OpType op, DataType dtype) {
+  const std::string ct = computeType(dtype);
+  const bool f = isFloatCompute(dtype), d = isDoubleCompute(dtype);
+  auto fn = [&](const char* fname) {
+    if (f) return std::string(fname) + "f(a)";
+    if (d) return std::string(fname) + "(a)";
+    return "static_cast<" + ct + ">(" + fname + "(static_cast<double>(a)))";
+  };
+  switch (op) {
+    case OpType::Neg: return ct == "bool" ? "a" : "-a";
+    case OpType::Abs: return f ? "fabsf(a)" : d ? "fabs(a)" : ct == "bool" ? "a" : "(a < 0 ? -a : a)";
+    case OpType::Exp: return fn("exp");
+    case OpType::Log: return fn("log");
+    case OpType::Sqrt: return fn("sqrt");
+    case OpType::Tanh: return fn("tanh");
+    case OpType::Relu: return "(a < static_cast<" + ct + ">(0) ? static_cast<" + ct + ">(0) : a)";
+    case OpType::Sigmoid:
+      if (f) return "1.0f / (1.0f + expf(-a))";
+      if (d) return "1.0 / (1.0 + exp(-a))";
+      break;
+    case OpType::Gelu:  // the exact form: x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))
+      if (f) return "0.5f * a * (1.0f + erff(a * 0.70710678118654752f))";
+      if (d) return "0.5 * a * (1.0 + erf(a * 0.70710678118654752))";
+      break;
+    case OpType::Add: return "a + b";
+    case OpType::Sub: return "a - b";
+    case OpType::Mul: return ct == "bool" ? "(a && b)" : "a * b";
+    case OpType::Div: return "a / b";
+    case OpType::Max: return f ? "fmaxf(a, b)" : d ? "fmax(a, b)" : "(a > b ? a : b)";
+    case OpType::Min: return f ? "fminf(a, b)" : d ? "fmin(a, b)" : "(a < b ? a : b)";
+    case OpType::Pow:
+      if (f) return "powf(a, b)";
+      if (d) return "pow(a, b)";
+      return "static_cast<" + ct + ">(pow(static_cast<double>(a), static_cast<double>(b)))";
+    case OpType::Cast:
+    case OpType::Set: return "a";
+    default: break;
+  }
+  throw std::invalid_argument("CUDA pointwise codegen: " + toString(op) + " on " + toString(dtype) +
+                              " is not a pointwise operation it can generate");
+}
+
+std::string operandExpr(const PointwiseProgram& prog, const PointwiseProgram::Operand& o, DataType to) {
+  using K = PointwiseProgram::Operand::Kind;
+  switch (o.kind) {
+    case K::Input: return loadConvert("x" + std::to_string(o.index), prog.inputs.at(o.index), to);
+    case K::Scalar: return valueConvert("p.scal[" + std::to_string(o.index) + "]", DataType::Double, to);
+    case K::Constant: return valueConvert(literal(o.value), DataType::Double, to);
+    case K::Temp: return valueConvert("t" + std::to_string(o.index), prog.instrs.at(o.index).dtype, to);
+  }
+  throw std::logic_error("operandExpr: unknown operand kind");
+}
+
+void checkProgram(const PointwiseProgram& prog) {
+  if (prog.outputs.empty()) throw std::invalid_argument("CUDA pointwise codegen: the program has no output");
+  for (size_t i = 0; i < prog.instrs.size(); ++i) {
+    const auto& ins = prog.instrs[i];
+    size_t arity = isBinary(ins.op) ? 2 : 1;
+    if (!isPointwise(ins.op) || ins.args.size() != arity)
+      throw std::invalid_argument("CUDA pointwise codegen: instruction " + std::to_string(i) + " (" + toString(ins.op) +
+                                  ") has " + std::to_string(ins.args.size()) + " operands");
+    for (const auto& a : ins.args)
+      if (a.kind == PointwiseProgram::Operand::Kind::Temp && a.index >= static_cast<int>(i))
+        throw std::invalid_argument("CUDA pointwise codegen: instruction " + std::to_string(i) +
+                                    " uses a temp defined later");
+  }
+  for (int t : prog.outputs)
+    if (t < 0 || t >= static_cast<int>(prog.instrs.size()))
+      throw std::invalid_argument("CUDA pointwise codegen: output temp " + std::to_string(t) + " does not exist");
+}
+
+int numIn(const PointwiseProgram& p) { return std::max<int>(1, static_cast<int>(p.inputs.size())); }
+}  // namespace
+
+std::string loadConvert(const std::string& expr, DataType from, DataType to_compute) {
+  std::string v;
+  switch (from) {
+    case DataType::Half: v = "__half2float(" + expr + ")"; break;
+    case DataType::BFloat16: v = "__bfloat162float(" + expr + ")"; break;
+    case DataType::Bool: v = "(" + expr + " != 0)"; break;
+    default: v = expr;
+  }
+  return valueConvert(v, from, to_compute);
+}
+
+std::string storeConvert(const std::string& expr, DataType compute_of, DataType to_storage) {
+  std::string v = valueConvert(expr, compute_of, to_storage);
+  switch (to_storage) {
+    case DataType::Half: return "__float2half_rn(" + v + ")";
+    case DataType::BFloat16: return "__float2bfloat16_rn(" + v + ")";
+    case DataType::Bool: return "static_cast<u8>(" + v + ")";
+    default: return v;
+  }
+}
+
+std::string kernelPrelude() {
+  return "#include <cuda_fp16.h>\n"
+         "#include <cuda_bf16.h>\n"
+         "typedef long long i64;\n"
+         "typedef unsigned long long u64;\n"
+         "typedef unsigned char u8;\n"
+         "template <typename T, int N> struct __align__(sizeof(T) * N) Pack { T v[N]; };\n";
+}
+
+std::vector<DataType> PointwiseProgram::outputDtypes() const {
+  std::vector<DataType> out;
+  for (int t : outputs) out.push_back(instrs.at(t).dtype);
+  return out;
+}
+
+std::string PointwiseProgram::key() const {
+  using K = Operand::Kind;
+  std::ostringstream os;
+  os << "in";
+  for (DataType d : inputs) os << ":" << static_cast<int>(d);
+  os << ";s" << num_scalars << ";";
+  for (const auto& ins : instrs) {
+    os << static_cast<int>(ins.op) << "/" << static_cast<int>(ins.dtype) << "(";
+    for (const auto& a : ins.args) {
+      os << static_cast<int>(a.kind) << "." << a.index;
+      if (a.kind == K::Constant) os << "=" << literal(a.value);
+      os << ",";
+    }
+    os << ")";
+  }
+  os << ";out";
+  for (int t : outputs) os << ":" << t;
+  return os.str();
+}
+
+std::string PointwiseVariant::key() const {
+  if (contiguous) return "c" + std::to_string(vector_width);
+  return "s" + std::to_string(ndim) + (index32 ? "i32" : "i64");
+}
+
+size_t pointwiseParamWords(const PointwiseProgram& program, const PointwiseVariant& variant) {
+  size_t nin = static_cast<size_t>(numIn(program)), nout = program.outputs.size();
+  size_t words = nin + nout + static_cast<size_t>(std::max(1, program.num_scalars)) + 1;
+  if (!variant.contiguous) words += static_cast<size_t>(variant.ndim) * (1 + nin + nout);
+  return words;
+}
+
+std::string generatePointwiseSource(const PointwiseProgram& prog, const PointwiseVariant& var,
+                                    const std::string& name) {
+  checkProgram(prog);
+  const int nin = numIn(prog), nout = static_cast<int>(prog.outputs.size()),
+            ninputs = static_cast<int>(prog.inputs.size());
+  const int vec = var.contiguous ? var.vector_width : 1;
+  if (vec < 1 || (vec & (vec - 1)) != 0) throw std::invalid_argument("vector width must be a power of two");
+  if (!var.contiguous && (var.ndim < 1 || var.ndim > 16))
+    throw std::invalid_argument("strided pointwise kernels take 1 to 16 dimensions, got " + std::to_string(var.ndim));
+  const std::vector<DataType> out_types = prog.outputDtypes();
+
+  std::ostringstream s;
+  s << kernelPrelude();
+  s << "struct Params {\n  const void* in[" << nin << "];\n  void* out[" << nout << "];\n  double scal["
+    << std::max(1, prog.num_scalars) << "];\n  i64 n;\n";
+  if (!var.contiguous)
+    s << "  i64 shape[" << var.ndim << "];\n  i64 in_st[" << nin << "][" << var.ndim << "];\n  i64 out_st[" << nout
+      << "][" << var.ndim << "];\n";
+  s << "};\n\n";
+
+  // The chain on one element: inputs by value (storage types), outputs by reference.
+  s << "__device__ __forceinline__ void chain(const Params& p";
+  for (int i = 0; i < ninputs; ++i) s << ", const " << storageType(prog.inputs[i]) << " x" << i;
+  for (int o = 0; o < nout; ++o) s << ", " << storageType(out_types[o]) << "& y" << o;
+  s << ") {\n";
+  for (size_t i = 0; i < prog.instrs.size(); ++i) {
+    const auto& ins = prog.instrs[i];
+    const std::string ct = computeType(ins.dtype);
+    s << "  " << ct << " t" << i << ";\n  {\n";
+    s << "    const " << ct << " a = " << operandExpr(prog, ins.args[0], ins.dtype) << ";\n";
+    if (ins.args.size() > 1) s << "    const " << ct << " b = " << operandExpr(prog, ins.args[1], ins.dtype) << ";\n";
+    s << "    t" << i << " = " << opExpression(ins.op, ins.dtype) << ";\n  }\n";
+  }
+  for (int o = 0; o < nout; ++o) {
+    int t = prog.outputs[o];
+    s << "  y" << o << " = " << storeConvert("t" + std::to_string(t), prog.instrs[t].dtype, out_types[o]) << ";\n";
+  }
+  s << "}\n\n";
+
+  auto scalarElement = [&](const std::string& in_index, const std::string& out_index, const std::string& indent) {
+    for (int i = 0; i < ninputs; ++i) {
+      std::string idx = in_index.empty() ? "o_in" + std::to_string(i) : in_index;
+      s << indent << "const " << storageType(prog.inputs[i]) << " x" << i << " = static_cast<const "
+        << storageType(prog.inputs[i]) << "*>(p.in[" << i << "])[" << idx << "];\n";
+    }
+    for (int o = 0; o < nout; ++o) s << indent << storageType(out_types[o]) << " y" << o << ";\n";
+    s << indent << "chain(p";
+    for (int i = 0; i < ninputs; ++i) s << ", x" << i;
+    for (int o = 0; o < nout; ++o) s << ", y" << o;
+    s << ");\n";
+    for (int o = 0; o < nout; ++o) {
+      std::string idx = out_index.empty() ? "o_out" + std::to_string(o) : out_index;
+      s << indent << "static_cast<" << storageType(out_types[o]) << "*>(p.out[" << o << "])[" << idx << "] = y" << o
+        << ";\n";
+    }
+  };
+
+  s << "extern \"C\" __global__ void __launch_bounds__(256) " << name << "(const Params p) {\n";
+  if (var.contiguous) {
+    s << "  const i64 n = p.n;\n  const i64 step = static_cast<i64>(gridDim.x) * blockDim.x;\n"
+      << "  const i64 tid = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+    std::string tail_start = "tid";
+    if (vec > 1) {
+      s << "  const i64 nv = n / " << vec << ";\n  for (i64 v = tid; v < nv; v += step) {\n";
+      for (int i = 0; i < ninputs; ++i) {
+        std::string pack = "Pack<" + storageType(prog.inputs[i]) + ", " + std::to_string(vec) + ">";
+        s << "    const " << pack << " vx" << i << " = reinterpret_cast<const " << pack << "*>(p.in[" << i
+          << "])[v];\n";
+      }
+      for (int o = 0; o < nout; ++o)
+        s << "    Pack<" << storageType(out_types[o]) << ", " << vec << "> vy" << o << ";\n";
+      s << "#pragma unroll\n    for (int k = 0; k < " << vec << "; ++k) chain(p";
+      for (int i = 0; i < ninputs; ++i) s << ", vx" << i << ".v[k]";
+      for (int o = 0; o < nout; ++o) s << ", vy" << o << ".v[k]";
+      s << ");\n";
+      for (int o = 0; o < nout; ++o) {
+        std::string pack = "Pack<" + storageType(out_types[o]) + ", " + std::to_string(vec) + ">";
+        s << "    reinterpret_cast<" << pack << "*>(p.out[" << o << "])[v] = vy" << o << ";\n";
+      }
+      s << "  }\n";
+      tail_start = "nv * " + std::to_string(vec) + " + tid";
+    }
+    s << "  for (i64 i = " << tail_start << "; i < n; i += step) {\n";
+    scalarElement("i", "i", "    ");
+    s << "  }\n";
+  } else {
+    const std::string it = var.index32 ? "unsigned" : "u64";
+    s << "  const " << it << " n = static_cast<" << it << ">(p.n);\n"
+      << "  const " << it << " step = static_cast<" << it << ">(gridDim.x) * blockDim.x;\n"
+      << "  for (" << it << " i = static_cast<" << it
+      << ">(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {\n"
+      << "    " << it << " rem = i;\n";
+    for (int i = 0; i < ninputs; ++i) s << "    " << it << " o_in" << i << " = 0;\n";
+    for (int o = 0; o < nout; ++o) s << "    " << it << " o_out" << o << " = 0;\n";
+    s << "#pragma unroll\n    for (int d = " << var.ndim - 1 << "; d >= 0; --d) {\n"
+      << "      const " << it << " e = static_cast<" << it << ">(p.shape[d]);\n"
+      << "      const " << it << " idx = rem % e;\n      rem /= e;\n";
+    for (int i = 0; i < ninputs; ++i)
+      s << "      o_in" << i << " += idx * static_cast<" << it << ">(p.in_st[" << i << "][d]);\n";
+    for (int o = 0; o < nout; ++o)
+      s << "      o_out" << o << " += idx * static_cast<" << it << ">(p.out_st[" << o << "][d]);\n";
+    s << "    }\n";
+    scalarElement("", "", "    ");
+    s << "  }\n";
+  }
+  s << "}\n";
+  return s.str();
+}
+
+}  // namespace meshfuse::cuda

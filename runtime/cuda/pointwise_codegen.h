@@ -1,0 +1,64 @@
+// CUDA C++ source for a fused pointwise chain. A PointwiseProgram is a straight-line list of ops
+// over tensor inputs, runtime scalars and constants; the generated kernel evaluates the whole chain
+// per element (one read of each input, one write of each output) in a grid-stride loop. Variants:
+// the contiguous fast path (flat index, 16-byte vector loads/stores) and the strided path
+// (broadcasting and views through per-tensor strides over the coalesced iteration shape).
+// CUDA-free header: the codegen is plain string building, testable without a GPU.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/ir.h"
+#include "runtime/dtype.h"
+
+namespace meshfuse::cuda {
+
+struct PointwiseProgram {
+  struct Operand {
+    enum class Kind : uint8_t { Input, Scalar, Constant, Temp };
+    Kind kind = Kind::Input;
+    int index = 0;                     // input, scalar or temp number
+    double value = 0;                  // Constant
+    DataType dtype = DataType::Float;  // the operand's own type (constants and scalars too)
+  };
+  struct Instr {
+    OpType op;
+    std::vector<Operand> args;
+    DataType dtype;  // result type (the cast target for Cast)
+  };
+  std::vector<DataType> inputs;  // tensor inputs
+  int num_scalars = 0;           // runtime scalars, passed as doubles
+  std::vector<Instr> instrs;     // instruction i defines temp i
+  std::vector<int> outputs;      // temp of each output
+  std::vector<DataType> outputDtypes() const;
+  // The structure and types (not sizes): with the variant, the kernel cache key.
+  std::string key() const;
+};
+
+struct PointwiseVariant {
+  bool contiguous = true;  // every tensor dense over the same shape: flat indexing
+  int vector_width = 1;    // elements per vector access on the contiguous path (1: scalar)
+  int ndim = 1;            // strided path: rank of the (coalesced) iteration shape
+  bool index32 = false;    // strided path: offsets fit in 32 bits
+  std::string key() const;
+};
+
+// The kernel's parameter block is an array of 8-byte words in this order: input pointers, output
+// pointers, scalars (doubles, at least one slot), n, then for the strided path shape[ndim] and the
+// strides of each input and each output (elements).
+size_t pointwiseParamWords(const PointwiseProgram& program, const PointwiseVariant& variant);
+
+std::string generatePointwiseSource(const PointwiseProgram& program, const PointwiseVariant& variant,
+                                    const std::string& kernel_name);
+
+// C type names of storage and of arithmetic, shared with the other generated kernels.
+std::string storageType(DataType dtype);
+std::string computeType(DataType dtype);
+// The expression converting `expr` of storage type `from` to compute type of `to`, and back.
+std::string loadConvert(const std::string& expr, DataType from, DataType to_compute);
+std::string storeConvert(const std::string& expr, DataType compute_of, DataType to_storage);
+// The prelude every generated kernel starts with (fp16/bf16 headers, integer typedefs).
+std::string kernelPrelude();
+
+}  // namespace meshfuse::cuda

@@ -1,0 +1,20 @@
+// Launching a generated pointwise kernel on device tensors: picks the variant (contiguous and
+// vectorized, or strided over the coalesced iteration shape), fetches the cached kernel and
+// enqueues it on the device's current stream.
+#pragma once
+#include <vector>
+
+#include "runtime/cuda/pointwise_codegen.h"
+#include "runtime/tensor.h"
+
+namespace meshfuse::cuda {
+
+// Inputs and outputs broadcast (numpy rules) to one iteration shape; outputs are preallocated on
+// `device`. An output smaller than the iteration shape receives the same value several times.
+void runPointwise(int device, const PointwiseProgram& program, const std::vector<Tensor>& inputs,
+                  const std::vector<double>& scalars, const std::vector<Tensor>& outputs);
+
+// The variant runPointwise would choose for these tensors (exposed for tests and benchmarks).
+PointwiseVariant choosePointwiseVariant(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs);
+
+}  // namespace meshfuse::cuda

@@ -1,0 +1,25 @@
+// Sum / max / mean over any set of axes of a device tensor of any strides, by a generated kernel:
+// a block per output when the reduced elements are contiguous (innermost reductions), a thread
+// column per output with the reduction split over the block's second dimension otherwise (outer
+// reductions, coalesced across outputs).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "ir/ir.h"
+#include "runtime/tensor.h"
+
+namespace meshfuse::cuda {
+
+// `out` is contiguous, with the kept axes in order (extent-1 axes for keepdim are allowed).
+void runReduction(int device, OpType op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out);
+
+struct ReductionVariant {
+  int kept_ndim = 1;
+  int reduced_ndim = 1;
+  bool row = true;  // block per output (contiguous reduced elements)
+};
+std::string generateReductionSource(OpType op, DataType in, DataType out, const ReductionVariant& variant,
+                                    const std::string& kernel_name);
+
+}  // namespace meshfuse::cuda
