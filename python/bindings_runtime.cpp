@@ -34,6 +34,7 @@ py::capsule exportDlpack(const Tensor& t, const py::object& stream, const py::ob
 }  // namespace
 
 void bindRuntime(py::module_& m) {
+  m.def("cpu_bytes_in_use", &cpuBytesInUse, "Bytes held by meshfuse's CPU allocator (for leak tests)");
   py::class_<Tensor>(m, "Tensor")
       .def_static("from_dlpack", &tensorFromDlpack, py::arg("obj"),
                   "Zero-copy import of a 'dltensor' capsule or an object with __dlpack__")

@@ -1,0 +1,37 @@
+"""meshfuse: define a tensor program once with global shapes, shard it over a device mesh, and run it
+on every rank with that rank's shards (nvFuser's multidevice Python API).
+
+    from meshfuse import DataType, FusionDefinition, CommunicatorBackend, ParallelType
+    from meshfuse.multidevice import DeviceMesh, Communicator
+"""
+import os as _os
+import sys as _sys
+
+# Open MPI loads its transport plugins with dlopen, and they need libmpi's symbols: libmpi (a
+# dependency of _C through libmeshfuse) must be loaded RTLD_GLOBAL, or MPI_Init fails in Python.
+_saved_dlopen_flags = _sys.getdlopenflags()
+_sys.setdlopenflags(_os.RTLD_GLOBAL | _os.RTLD_NOW)
+try:
+    from . import _C
+finally:
+    _sys.setdlopenflags(_saved_dlopen_flags)
+
+from ._C import CommunicationTimeout, CommunicatorBackend, DataType, ParallelType
+from ._version import __version__
+from .fusion_definition import FusionDefinition
+
+
+def available_backends():
+    """The communicator backends built into this meshfuse and usable in this process."""
+    return list(_C.Communicator.instance().available_backends())
+
+
+__all__ = [
+    "CommunicationTimeout",
+    "CommunicatorBackend",
+    "DataType",
+    "FusionDefinition",
+    "ParallelType",
+    "available_backends",
+    "__version__",
+]

@@ -1,0 +1,114 @@
+"""Conversions between user arrays (numpy arrays, torch tensors, any DLPack producer) and
+meshfuse._C.Tensor, zero-copy through DLPack in both directions."""
+import sys
+
+import numpy as np
+
+from . import _C
+
+DataType = _C.DataType
+
+# numpy has no bfloat16: BFloat16 tensors travel as torch tensors only.
+_NUMPY_TO_DTYPE = {
+    np.dtype(np.float32): DataType.Float,
+    np.dtype(np.float64): DataType.Double,
+    np.dtype(np.float16): DataType.Half,
+    np.dtype(np.int64): DataType.Int,
+    np.dtype(np.int32): DataType.Int32,
+    np.dtype(np.bool_): DataType.Bool,
+}
+_TORCH_DTYPE_NAMES = {
+    "torch.float32": DataType.Float,
+    "torch.float64": DataType.Double,
+    "torch.float16": DataType.Half,
+    "torch.bfloat16": DataType.BFloat16,
+    "torch.int64": DataType.Int,
+    "torch.int32": DataType.Int32,
+    "torch.bool": DataType.Bool,
+}
+_KDL_CUDA = 2
+
+
+def _torch():
+    """torch if the user has imported it (meshfuse never imports it on its own)."""
+    return sys.modules.get("torch")
+
+
+def is_torch_tensor(obj):
+    torch = _torch()
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def is_array(obj):
+    """Whether obj can be an execute() tensor input."""
+    return isinstance(obj, (np.ndarray, _C.Tensor)) or is_torch_tensor(obj) or hasattr(obj, "__dlpack__")
+
+
+def type_name(obj):
+    t = type(obj)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def dtype_of(obj):
+    """(meshfuse DataType or None, the array's own dtype name) of an array-like."""
+    if isinstance(obj, np.ndarray):
+        return _NUMPY_TO_DTYPE.get(obj.dtype), str(obj.dtype)
+    if isinstance(obj, _C.Tensor):
+        return obj.dtype, str(obj.dtype).split(".")[-1]
+    if is_torch_tensor(obj):
+        return _TORCH_DTYPE_NAMES.get(str(obj.dtype)), str(obj.dtype)
+    return None, None  # another DLPack producer: known once imported
+
+
+def shape_of(obj):
+    return tuple(int(e) for e in obj.shape)
+
+
+def strides_of(obj):
+    """Strides in elements, or None where the array type does not tell without importing it."""
+    if isinstance(obj, np.ndarray):
+        return tuple(s // obj.itemsize for s in obj.strides) if obj.itemsize else tuple(0 for _ in obj.strides)
+    if isinstance(obj, _C.Tensor):
+        return tuple(obj.strides)
+    if is_torch_tensor(obj):
+        return tuple(obj.stride())
+    return None
+
+
+def to_tensor(obj):
+    """A meshfuse Tensor sharing obj's memory."""
+    if isinstance(obj, _C.Tensor):
+        return obj
+    if isinstance(obj, np.ndarray) and not obj.flags.writeable:
+        # Unversioned DLPack cannot mark memory read-only, so numpy refuses to export it. Inputs are
+        # never written: a copy is safe (broadcast_to views and read-only buffers land here).
+        obj = np.array(obj, copy=True)
+    if type(obj).__name__ == "PyCapsule":
+        return _C.Tensor.from_dlpack(obj)
+    device_type, device_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
+    if int(device_type) == _KDL_CUDA:
+        torch = _torch()
+        if is_torch_tensor(obj):
+            # Finish the producer's pending work first, then take the memory without a stream handshake.
+            torch.cuda.current_stream(obj.device).synchronize()
+            return _C.Tensor.from_dlpack(obj.__dlpack__(stream=-1))
+        # Another CUDA producer: ask it to order its work before the legacy default stream (1).
+        return _C.Tensor.from_dlpack(obj.__dlpack__(stream=1))
+    return _C.Tensor.from_dlpack(obj.__dlpack__())
+
+
+def to_numpy(tensor):
+    """A numpy array sharing the Tensor's memory (CPU tensors, dtypes numpy has)."""
+    if tensor.dtype == DataType.BFloat16:
+        raise TypeError("numpy has no bfloat16: pass torch tensors to get BFloat16 outputs, or cast to Float")
+    if tensor.is_cuda:
+        raise ValueError(f"a tensor on {tensor.device} cannot become a numpy array; pass torch tensors")
+    return np.from_dlpack(tensor)
+
+
+def to_torch(tensor):
+    """A torch tensor sharing the Tensor's memory."""
+    torch = _torch()
+    if torch is None:
+        import torch  # noqa: F811  (the user passed torch inputs, so it is installed)
+    return torch.from_dlpack(tensor)

@@ -1,0 +1,71 @@
+"""Turning Python values into IR operands: Vals pass through, Python and numpy numbers become
+constant Scalars of the fusion they are combined with."""
+import numbers
+
+import numpy as np
+
+from . import _C
+
+DataType = _C.DataType
+
+_NUMPY_SCALAR_DTYPES = {
+    np.dtype(np.float32): DataType.Float,
+    np.dtype(np.float64): DataType.Double,
+    np.dtype(np.float16): DataType.Half,
+    np.dtype(np.int64): DataType.Int,
+    np.dtype(np.int32): DataType.Int32,
+    np.dtype(np.bool_): DataType.Bool,
+}
+
+
+def is_number(x):
+    return isinstance(x, (bool, numbers.Integral, numbers.Real, np.generic)) and not isinstance(x, complex)
+
+
+def dtype_of_number(x):
+    """The DataType a Python/numpy number has as a constant (bool, int -> Int, float -> Double)."""
+    if isinstance(x, np.generic):
+        dtype = _NUMPY_SCALAR_DTYPES.get(x.dtype)
+        if dtype is None:
+            raise TypeError(f"numpy scalar of dtype {x.dtype} is not supported as an operand")
+        return dtype
+    if isinstance(x, bool):
+        return DataType.Bool
+    if isinstance(x, numbers.Integral):
+        return DataType.Int
+    return DataType.Double
+
+
+def as_operand(owner, x, op):
+    """x as a Val of owner's fusion (a number becomes a constant there)."""
+    if isinstance(x, _C.Val):
+        return x
+    if is_number(x):
+        return _C.ops.constant(owner, float(x), dtype_of_number(x))
+    raise TypeError(f"{op}: operands must be TensorViews, Scalars or numbers, got {type(x).__name__}")
+
+
+def _binary(op_name):
+    op = getattr(_C.ops, op_name)
+
+    def forward(a, b):
+        if not (isinstance(b, _C.Val) or is_number(b)):
+            return NotImplemented
+        return op(a, as_operand(a, b, op_name))
+
+    def reflected(a, b):
+        if not is_number(b):
+            return NotImplemented
+        return op(as_operand(a, b, op_name), a)
+
+    return forward, reflected
+
+
+def install_tensor_view_operators():
+    """`x + y`, `2 * x`, `-x`, `x ** 2`, ... on TensorViews, appending to x's fusion."""
+    for dunder, op_name in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("pow", "pow")):
+        forward, reflected = _binary(op_name)
+        setattr(_C.TensorView, f"__{dunder}__", forward)
+        setattr(_C.TensorView, f"__r{dunder}__", reflected)
+    _C.TensorView.__neg__ = lambda x: _C.ops.neg(x)
+    _C.TensorView.__abs__ = lambda x: _C.ops.abs(x)

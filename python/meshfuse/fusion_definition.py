@@ -1,0 +1,338 @@
+"""FusionDefinition: the nvFuser-style way to write a meshfuse program.
+
+Two styles:
+
+    with FusionDefinition(backend_type=CommunicatorBackend.mpi) as fd:
+        x = fd.define_tensor([-1, 8])
+        fd.add_output(fd.ops.relu(x))
+    (y,) = fd.execute([x_np])
+
+    class Relu(FusionDefinition):
+        def definition(self):
+            self.add_output(self.ops.relu(self.define_tensor([-1, 8])))
+    fd = Relu()          # the definition is built on first use
+    (y,) = fd.execute([x_np])
+
+Each instance has its own fusion, executor cache and parameters (backend, streams, timeout): there
+is no global state, and instances can execute from different threads at once.
+"""
+import datetime
+import threading
+
+from . import _arrays, _C, _validation
+from ._operands import dtype_of_number, install_tensor_view_operators, is_number
+
+DataType = _C.DataType
+CommunicatorBackend = _C.CommunicatorBackend
+
+install_tensor_view_operators()
+
+
+def _check_backend(backend):
+    if not isinstance(backend, CommunicatorBackend):
+        raise TypeError(f"backend must be a CommunicatorBackend, got {type(backend).__name__}")
+    if backend == CommunicatorBackend.auto:
+        return
+    available = _C.Communicator.instance().available_backends()
+    if backend not in available:
+        names = ", ".join(b.name for b in available)
+        raise ValueError(f"communicator backend {backend.name} is not available in this build (available: {names})")
+
+
+def _int_list(values, what):
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence of integers, got {type(values).__name__}") from None
+    for i, e in enumerate(items):
+        if isinstance(e, bool) or not hasattr(e, "__index__"):
+            raise TypeError(f"{what}[{i}] must be an integer, got {type(e).__name__} {e!r}")
+    return [int(e) for e in items]
+
+
+class _Ops:
+    """fd.ops: each op checks its operands belong to this definition, then appends one expression."""
+
+    def __init__(self, fd):
+        self._fd = fd
+
+    def _tensor(self, x, op, what="x"):
+        self._fd._check_mutable(op)
+        if not isinstance(x, _C.TensorView):
+            raise TypeError(f"{op}: {what} must be a TensorView, got {type(x).__name__}")
+        self._fd._check_owned(x, op)
+        return x
+
+    def _operand(self, x, op):
+        if isinstance(x, _C.Val):
+            self._fd._check_owned(x, op)
+            return x
+        if is_number(x):
+            return self._fd._fusion.new_scalar(dtype_of_number(x), float(x))
+        raise TypeError(f"{op}: operands must be TensorViews, Scalars or numbers, got {type(x).__name__}")
+
+    def _unary(name):
+        def op(self, x):
+            return getattr(_C.ops, name)(self._tensor(x, name))
+
+        op.__name__ = name
+        op.__doc__ = f"Elementwise {name}(x)."
+        return op
+
+    def _binary(name):
+        def op(self, a, b):
+            self._fd._check_mutable(name)
+            if not isinstance(a, _C.TensorView) and not isinstance(b, _C.TensorView):
+                raise ValueError(f"{name}: at least one operand must be a TensorView, got "
+                                 f"{type(a).__name__} and {type(b).__name__}")
+            return getattr(_C.ops, name)(self._operand(a, name), self._operand(b, name))
+
+        op.__name__ = name
+        op.__doc__ = f"Elementwise {name}(a, b) with numpy broadcasting; numbers become constants."
+        return op
+
+    neg = _unary("neg")
+    abs = _unary("abs")
+    exp = _unary("exp")
+    log = _unary("log")
+    sqrt = _unary("sqrt")
+    relu = _unary("relu")
+    sigmoid = _unary("sigmoid")
+    tanh = _unary("tanh")
+    gelu = _unary("gelu")
+    add = _binary("add")
+    sub = _binary("sub")
+    mul = _binary("mul")
+    div = _binary("div")
+    maximum = _binary("maximum")
+    minimum = _binary("minimum")
+    pow = _binary("pow")
+    del _unary, _binary
+
+    def cast(self, x, dtype):
+        if not isinstance(dtype, DataType):
+            raise TypeError(f"cast: dtype must be a DataType, got {type(dtype).__name__}")
+        return _C.ops.cast(self._tensor(x, "cast"), dtype)
+
+    def set(self, x):
+        """A copy of x (the point where a sharding can change)."""
+        return _C.ops.set(self._tensor(x, "set"))
+
+    @staticmethod
+    def _axes(axes):
+        return [int(axes)] if hasattr(axes, "__index__") else _int_list(axes, "axes")
+
+    def sum(self, x, axes, keepdim=False):
+        return _C.ops.sum(self._tensor(x, "sum"), self._axes(axes), bool(keepdim))
+
+    def max(self, x, axes, keepdim=False):
+        return _C.ops.max(self._tensor(x, "max"), self._axes(axes), bool(keepdim))
+
+    def mean(self, x, axes, keepdim=False):
+        return _C.ops.mean(self._tensor(x, "mean"), self._axes(axes), bool(keepdim))
+
+    def broadcast_in_dim(self, x, shape, broadcast_dims):
+        """x with its axis i placed at output axis broadcast_dims[i] of `shape` (as nvFuser/XLA)."""
+        return _C.ops.broadcast_in_dim(self._tensor(x, "broadcast_in_dim"), _int_list(shape, "shape"),
+                                       _int_list(broadcast_dims, "broadcast_dims"))
+
+    def reshape(self, x, new_shape):
+        return _C.ops.reshape(self._tensor(x, "reshape"), _int_list(new_shape, "new_shape"))
+
+    def permute(self, x, dims):
+        return _C.ops.permute(self._tensor(x, "permute"), _int_list(dims, "dims"))
+
+    def matmul(self, a, b):
+        return _C.ops.matmul(self._tensor(a, "matmul", "a"), self._tensor(b, "matmul", "b"))
+
+    def linear(self, x, weight, bias=None):
+        """x @ weight.T (+ bias), weight of shape [out_features, in_features] as torch.nn.functional.linear."""
+        if bias is not None:
+            bias = self._tensor(bias, "linear", "bias")
+        return _C.ops.linear(self._tensor(x, "linear"), self._tensor(weight, "linear", "weight"), bias)
+
+
+class FusionDefinition:
+    """A program over global shapes. See the module docstring for the two ways to write one."""
+
+    def __init__(self, backend_type=CommunicatorBackend.auto, *, number_of_streams=None, timeout=None):
+        self._fusion = _C.Fusion()
+        self._params = _C.MultiDeviceExecutorParams()
+        self._lock = threading.RLock()
+        self._cache = None  # created at the first execute; the definition is frozen from then on
+        self._needs_definition = type(self).definition is not FusionDefinition.definition
+        self.ops = _Ops(self)
+        self.set_backend(backend_type)
+        if number_of_streams is not None:
+            if int(number_of_streams) < 1:
+                raise ValueError(f"number_of_streams must be at least 1, got {number_of_streams}")
+            self._params.executor.number_of_streams = int(number_of_streams)
+        if timeout is not None:
+            self._params.executor.timeout = (timeout if isinstance(timeout, datetime.timedelta)
+                                             else datetime.timedelta(seconds=float(timeout)))
+
+    # ---- the two ways of defining -------------------------------------------------------------
+    def definition(self):
+        """Override in a subclass to define the fusion (called once, on first use)."""
+
+    def multidevice_schedule(self):
+        """Override in a subclass to set meshes and shardings (called right after definition())."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        return False
+
+    def _ensure_defined(self):
+        with self._lock:
+            if not self._needs_definition:
+                return
+            try:
+                self.definition()
+                self.multidevice_schedule()
+            except BaseException:
+                self._fusion = _C.Fusion()  # drop the half-built fusion: the next use starts over
+                raise
+            self._needs_definition = False
+
+    def _check_mutable(self, what):
+        if self._cache is not None:
+            raise RuntimeError(f"{what}: this FusionDefinition has already executed and can no longer change; "
+                               f"create a new FusionDefinition")
+
+    def _check_owned(self, val, what):
+        if not self._fusion.owns(val):
+            raise ValueError(f"{what}: {val.name} belongs to another FusionDefinition")
+
+    # ---- building -----------------------------------------------------------------------------
+    def define_tensor(self, shape, dtype=DataType.Float, contiguity=None):
+        """An input tensor of global `shape` (-1 = symbolic extent, bound at execution).
+
+        contiguity: None (no promise: any strides), True (row-major contiguous), or one bool per axis
+        (axis i contiguous with the next inner axis)."""
+        self._check_mutable("define_tensor")
+        shape = _int_list(shape, "define_tensor: shape")
+        for i, e in enumerate(shape):
+            if e < -1:
+                raise ValueError(f"define_tensor: shape[{i}] = {e}: an extent is a size or -1 (symbolic)")
+        if not isinstance(dtype, DataType):
+            raise TypeError(f"define_tensor: dtype must be a DataType, got {type(dtype).__name__}")
+        if contiguity is None or isinstance(contiguity, bool):
+            flags = [bool(contiguity)] * len(shape)
+        else:
+            flags = [bool(c) for c in contiguity]
+            if len(flags) != len(shape):
+                raise ValueError(f"define_tensor: contiguity has {len(flags)} entries for shape {shape} "
+                                 f"of {len(shape)} dimensions")
+        tv = self._fusion.new_tensor(dtype, shape, flags)
+        self._fusion.add_input(tv)
+        return tv
+
+    def define_scalar(self, value=None, dtype=None):
+        """A constant (value given) or a scalar input bound at execution (value=None)."""
+        self._check_mutable("define_scalar")
+        if dtype is not None and not isinstance(dtype, DataType):
+            raise TypeError(f"define_scalar: dtype must be a DataType, got {type(dtype).__name__}")
+        if value is None:
+            scalar = self._fusion.new_scalar(dtype if dtype is not None else DataType.Double, None)
+            self._fusion.add_input(scalar)
+            return scalar
+        if not is_number(value):
+            raise TypeError(f"define_scalar: value must be a number, got {type(value).__name__}")
+        return self._fusion.new_scalar(dtype if dtype is not None else dtype_of_number(value), float(value))
+
+    def add_output(self, tv):
+        self._check_mutable("add_output")
+        if not isinstance(tv, _C.Val):
+            raise TypeError(f"add_output: expected a TensorView of this FusionDefinition, got {type(tv).__name__}")
+        if not self._fusion.owns(tv):
+            raise ValueError(f"add_output: {tv.name} is not a tensor of this FusionDefinition (it belongs to another)")
+        if not tv.is_tensor:
+            raise ValueError(f"add_output: {tv.name} is a scalar; outputs are tensors")
+        self._fusion.add_output(tv)
+
+    # ---- backend and parameters ---------------------------------------------------------------
+    @property
+    def backend_type(self):
+        return self._params.lower.communicator_backend
+
+    def set_backend(self, backend):
+        """The communicator backend of this instance's next lowering (a new cache entry if it changed)."""
+        _check_backend(backend)
+        with self._lock:
+            self._params.lower.communicator_backend = backend
+
+    @property
+    def number_of_streams(self):
+        return self._params.executor.number_of_streams
+
+    # ---- running ------------------------------------------------------------------------------
+    def execute(self, inputs, *, trace=None):
+        """Runs on this rank's inputs (numpy arrays, torch tensors, numbers; None for a tensor whose
+        mesh excludes this rank). Returns one output per add_output: numpy arrays for numpy inputs,
+        torch tensors when any input is a torch tensor, None where an output is not on this rank.
+        trace: a path to write a Chrome trace of this execution to."""
+        self._ensure_defined()
+        with self._lock:
+            fusion_inputs = self._fusion.inputs()
+            outputs = self._fusion.outputs()
+            if not outputs:
+                raise ValueError("execute: the FusionDefinition has no outputs (call add_output)")
+            _validation.check_input_count(fusion_inputs, inputs)
+            rank = _lazy_rank()
+            args = [_validation.tensor_argument(v, x, rank) if v.is_tensor else _validation.check_scalar(v, x)
+                    for v, x in zip(fusion_inputs, inputs)]
+            torch_out = any(_arrays.is_torch_tensor(x) for x in inputs)
+            if not torch_out:
+                for out in outputs:
+                    if out.dtype == DataType.BFloat16:
+                        raise TypeError(f"{out.name}: a BFloat16 output cannot be returned as a numpy array (numpy "
+                                        f"has no bfloat16): cast it to Float in the definition, or pass torch tensors")
+            params = self._params
+            if trace is not None:
+                params = _C.MultiDeviceExecutorParams(self._params)
+                params.executor.trace_path = str(trace)
+            if self._cache is None:
+                self._cache = _C.FusionExecutorCache(self._fusion)
+            results = self._cache.execute(args, params)
+        convert = _arrays.to_torch if torch_out else _arrays.to_numpy
+        return [None if t is None else convert(t) for t in results]
+
+    def num_cached_programs(self):
+        """How many lowered programs (one per distinct input signature and parameters) are cached."""
+        return 0 if self._cache is None else self._cache.num_cached_programs()
+
+    # ---- inspecting ---------------------------------------------------------------------------
+    def fusion_ir(self):
+        """The definition as the IR prints it."""
+        self._ensure_defined()
+        return self._fusion.to_string()
+
+    def _executed(self, what):
+        if self._cache is None:
+            raise RuntimeError(f"{what}: nothing has been lowered yet; it is lowered for the inputs at execute()")
+        return self._cache
+
+    def host_ir(self):
+        """This rank's host program of the last execution: segments and communications with their backend."""
+        return self._executed("host_ir").last_host_ir()
+
+    def last_lowered_fusion(self):
+        """The fusion after sharding propagation and resharding insertion, of the last execution."""
+        return self._executed("last_lowered_fusion").last_lowered_fusion()
+
+    def __repr__(self):
+        return f"<{type(self).__name__} backend={self.backend_type.name}>\n{self.fusion_ir()}"
+
+
+def _lazy_rank():
+    """This process's world rank, asked for only when an input is None (it starts MPI)."""
+    cached = []
+
+    def rank():
+        if not cached:
+            cached.append(_C.Communicator.instance().rank)
+        return cached[0]
+
+    return rank
