@@ -1,0 +1,260 @@
+"""Every fd.ops op against numpy on random data, over the dtypes it takes."""
+import math
+
+import numpy as np
+import pytest
+from conftest import DATA_TYPE, random_array, run_fusion, tolerance
+
+from meshfuse import DataType
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+UNARY = {
+    "neg": np.negative,
+    "abs": np.abs,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "relu": lambda x: np.maximum(x, 0),
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "tanh": np.tanh,
+    "gelu": _gelu,
+}
+POSITIVE_DOMAIN = {"log", "sqrt"}
+FLOAT_TYPES = [np.float32, np.float64, np.float16]
+INT_TYPES = [np.int64, np.int32]
+
+
+def _assert_close(actual, expected, dtype):
+    rtol, atol = tolerance(dtype)
+    assert actual.dtype == np.dtype(dtype), f"dtype {actual.dtype}, expected {np.dtype(dtype)}"
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_TYPES)
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_float(rng, name, dtype):
+    low = 0.1 if name in POSITIVE_DOMAIN else -3.0
+    x = random_array(rng, (5, 7), dtype, low=low, high=3.0)
+    (out,) = run_fusion(lambda fd, t: getattr(fd.ops, name)(t), x)
+    # The reference sees the same (rounded) inputs, in float64, rounded to the output dtype.
+    expected = UNARY[name](x.astype(np.float64)).astype(dtype)
+    _assert_close(out, expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", INT_TYPES)
+@pytest.mark.parametrize("name", ["neg", "abs", "relu"])
+def test_unary_integer_stays_integer(rng, name, dtype):
+    x = random_array(rng, (4, 6), dtype)
+    (out,) = run_fusion(lambda fd, t: getattr(fd.ops, name)(t), x)
+    assert out.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(out, UNARY[name](x))
+
+
+@pytest.mark.parametrize("name", ["exp", "sqrt", "sigmoid"])
+def test_unary_integer_gives_float(rng, name):
+    x = np.abs(random_array(rng, (3, 4), np.int32))
+    (out,) = run_fusion(lambda fd, t: getattr(fd.ops, name)(t), x)
+    _assert_close(out, UNARY[name](x.astype(np.float64)).astype(np.float32), np.float32)
+
+
+BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.true_divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "pow": np.power,
+}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_TYPES + INT_TYPES)
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_same_dtype(rng, name, dtype):
+    a = random_array(rng, (6, 5), dtype)
+    b = random_array(rng, (6, 5), dtype)
+    if name == "pow":
+        a = np.abs(a) + (1 if np.issubdtype(a.dtype, np.integer) else 0.5)
+        a = a.astype(dtype)
+        b = (np.abs(b) % 4).astype(dtype)
+    if name == "div" and np.issubdtype(np.dtype(dtype), np.integer):
+        b[b == 0] = 3
+    (out,) = run_fusion(lambda fd, x, y: getattr(fd.ops, name)(x, y), a, b)
+    out_dtype = np.float32 if (name == "div" and np.issubdtype(np.dtype(dtype), np.integer)) else dtype
+    expected = BINARY[name](a.astype(np.float64), b.astype(np.float64)).astype(out_dtype)
+    _assert_close(out, expected, out_dtype)
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype,out_dtype", [
+    (np.float32, np.float64, np.float64),
+    (np.int32, np.float32, np.float32),   # floats win (torch-like: not numpy's float64)
+    (np.int32, np.int64, np.int64),
+    (np.float16, np.float32, np.float32),
+    (np.bool_, np.int32, np.int32),
+])
+def test_binary_type_promotion(rng, a_dtype, b_dtype, out_dtype):
+    a = random_array(rng, (3, 4), a_dtype)
+    b = random_array(rng, (3, 4), b_dtype)
+    (out,) = run_fusion(lambda fd, x, y: fd.ops.add(x, y), a, b)
+    _assert_close(out, (a.astype(np.float64) + b.astype(np.float64)).astype(out_dtype), out_dtype)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((4, 1), (1, 5)), ((3, 4), (4,)), ((2, 1, 4), (3, 1)), ((5,), (1,))])
+def test_broadcasting(rng, a_shape, b_shape):
+    a = random_array(rng, a_shape, np.float32)
+    b = random_array(rng, b_shape, np.float32)
+    for symbolic in (True, False):
+        (out,) = run_fusion(lambda fd, x, y: fd.ops.mul(x, y), a, b, symbolic=symbolic)
+        _assert_close(out, (a.astype(np.float64) * b).astype(np.float32), np.float32)
+
+
+def test_python_numbers_become_constants(rng):
+    x = random_array(rng, (4, 3), np.float32)
+    (out,) = run_fusion(lambda fd, t: fd.ops.add(fd.ops.mul(t, 2.5), 1), x)
+    _assert_close(out, (x.astype(np.float64) * 2.5 + 1).astype(np.float32), np.float32)
+    # A Python float does not widen a Half tensor; an int constant keeps an Int32 tensor Int32.
+    h = random_array(rng, (4, 3), np.float16)
+    (out,) = run_fusion(lambda fd, t: fd.ops.mul(t, 0.5), h)
+    _assert_close(out, (h.astype(np.float64) * 0.5).astype(np.float16), np.float16)
+    i = random_array(rng, (4, 3), np.int32)
+    (out,) = run_fusion(lambda fd, t: fd.ops.sub(7, t), i)
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, 7 - i)
+
+
+def test_tensor_view_operators(rng):
+    a = random_array(rng, (3, 5), np.float64)
+    b = random_array(rng, (3, 5), np.float64, low=0.5, high=2.0)
+    (out,) = run_fusion(lambda fd, x, y: (-x + y * 2 - 1 / y) / (x ** 2 + 1) - abs(x), a, b)
+    expected = (-a + b * 2 - 1 / b) / (a ** 2 + 1) - np.abs(a)
+    _assert_close(out, expected, np.float64)
+
+
+@pytest.mark.parametrize("src,dst", [
+    (np.float32, np.float64), (np.float64, np.float32), (np.float32, np.float16), (np.float16, np.float32),
+    (np.float32, np.int64), (np.float64, np.int32), (np.int32, np.float32), (np.int64, np.float64),
+    (np.float32, np.bool_), (np.bool_, np.float32), (np.int32, np.int64),
+])
+def test_cast(rng, src, dst):
+    x = random_array(rng, (4, 5), src, low=-4, high=4)
+    (out,) = run_fusion(lambda fd, t: fd.ops.cast(t, DATA_TYPE[np.dtype(dst)]), x)
+    assert out.dtype == np.dtype(dst)
+    np.testing.assert_array_equal(out, x.astype(dst))
+
+
+def _round_to_bfloat16(x):
+    """float32 -> nearest bfloat16 (ties to even) -> float32, in numpy."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def test_bfloat16_through_casts(rng):
+    x = random_array(rng, (8, 9), np.float32, low=-100, high=100)
+    (out,) = run_fusion(lambda fd, t: fd.ops.cast(fd.ops.cast(t, DataType.BFloat16), DataType.Float), x)
+    np.testing.assert_array_equal(out, _round_to_bfloat16(x))
+    # Arithmetic on BFloat16 values: a fused chain may keep its intermediate in float32, so the result is
+    # only within bfloat16's precision (8 significant bits) of the rounded one.
+    (out,) = run_fusion(lambda fd, t: fd.ops.cast(fd.ops.mul(fd.ops.cast(t, DataType.BFloat16), 3.0), DataType.Float), x)
+    np.testing.assert_allclose(out, _round_to_bfloat16(x) * np.float32(3.0), rtol=2.0**-8)
+
+
+def test_set_is_a_copy(rng):
+    x = random_array(rng, (3, 4), np.float32)
+    (out,) = run_fusion(lambda fd, t: fd.ops.set(t), x)
+    np.testing.assert_array_equal(out, x)
+    assert not np.shares_memory(out, x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32])
+@pytest.mark.parametrize("axes,keepdim", [([0], False), ([1], False), ([0, 1], False), ([-1], True), ([0, 2], True)])
+@pytest.mark.parametrize("name", ["sum", "max", "mean"])
+def test_reductions(rng, name, axes, keepdim, dtype):
+    x = random_array(rng, (4, 6, 5), dtype)
+    (out,) = run_fusion(lambda fd, t: getattr(fd.ops, name)(t, axes, keepdim=keepdim), x)
+    integral = np.issubdtype(np.dtype(dtype), np.integer)
+    reference = {"sum": np.sum, "max": np.max, "mean": np.mean}[name]
+    expected = reference(x.astype(np.float64), axis=tuple(axes), keepdims=keepdim)
+    out_dtype = {"sum": np.int64 if integral else dtype, "max": dtype, "mean": np.float32 if integral else dtype}[name]
+    rtol, atol = tolerance(out_dtype)
+    assert out.dtype == np.dtype(out_dtype)
+    np.testing.assert_allclose(out.astype(np.float64), expected.astype(out_dtype).astype(np.float64),
+                               rtol=max(rtol, 1e-5) if out_dtype == np.float32 else rtol, atol=max(atol, 1e-5))
+
+
+def test_reduction_axis_as_int(rng):
+    x = random_array(rng, (3, 4), np.float64)
+    (out,) = run_fusion(lambda fd, t: fd.ops.sum(t, 1), x)
+    _assert_close(out, x.sum(axis=1), np.float64)
+
+
+@pytest.mark.parametrize("in_shape,out_shape,dims", [
+    ((3,), (2, 3), [1]),
+    ((3,), (3, 4), [0]),
+    ((3, 1), (3, 4), [0, 1]),
+    ((2, 3), (2, 5, 3), [0, 2]),
+])
+def test_broadcast_in_dim(rng, in_shape, out_shape, dims):
+    x = random_array(rng, in_shape, np.float32)
+    (out,) = run_fusion(lambda fd, t: fd.ops.broadcast_in_dim(t, out_shape, dims), x, symbolic=False)
+    keep = [1] * len(out_shape)
+    for i, d in enumerate(dims):
+        keep[d] = in_shape[i]
+    np.testing.assert_array_equal(out, np.broadcast_to(x.reshape(keep), out_shape))
+
+
+@pytest.mark.parametrize("in_shape,new_shape", [((2, 6), [3, 4]), ((2, 6), [-1, 2]), ((2, 3, 4), [24]), ((12,), [2, 2, 3])])
+def test_reshape(rng, in_shape, new_shape):
+    x = random_array(rng, in_shape, np.float64)
+    for symbolic in (False, True):
+        (out,) = run_fusion(lambda fd, t: fd.ops.reshape(t, new_shape), x, symbolic=symbolic)
+        np.testing.assert_array_equal(out, x.reshape(new_shape))
+
+
+@pytest.mark.parametrize("dims", [[1, 0, 2], [2, 0, 1], [0, 2, 1]])
+def test_permute(rng, dims):
+    x = random_array(rng, (2, 3, 4), np.int32)
+    (out,) = run_fusion(lambda fd, t: fd.ops.permute(t, dims), x)
+    np.testing.assert_array_equal(out, np.transpose(x, dims))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("a_shape,b_shape", [((5, 7), (7, 3)), ((2, 5, 7), (7, 3)), ((2, 5, 7), (2, 7, 3)), ((7,), (7, 3)),
+                                             ((5, 7), (7,))])
+def test_matmul(rng, dtype, a_shape, b_shape):
+    a = random_array(rng, a_shape, dtype)
+    b = random_array(rng, b_shape, dtype)
+    (out,) = run_fusion(lambda fd, x, y: fd.ops.matmul(x, y), a, b)
+    expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    rtol, atol = (1e-5, 1e-5) if dtype == np.float32 else (1e-12, 1e-12)
+    assert out.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(out, expected, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear(rng, with_bias):
+    x = random_array(rng, (2, 5, 8), np.float32)
+    w = random_array(rng, (6, 8), np.float32)
+    b = random_array(rng, (6,), np.float32)
+    if with_bias:
+        (out,) = run_fusion(lambda fd, xt, wt, bt: fd.ops.linear(xt, wt, bt), x, w, b)
+    else:
+        (out,) = run_fusion(lambda fd, xt, wt: fd.ops.linear(xt, wt), x, w)
+    expected = x.astype(np.float64) @ w.astype(np.float64).T + (b if with_bias else 0)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_chain_with_two_outputs(rng):
+    x = random_array(rng, (16, 32), np.float32)
+    w = random_array(rng, (8, 32), np.float32)
+    outs = run_fusion(lambda fd, xt, wt: (lambda y: [fd.ops.relu(y), fd.ops.sum(fd.ops.exp(y), [1])])(fd.ops.linear(xt, wt)), x, w)
+    y = x.astype(np.float64) @ w.T
+    np.testing.assert_allclose(outs[0], np.maximum(y, 0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[1], np.exp(y).sum(axis=1), rtol=1e-5)
