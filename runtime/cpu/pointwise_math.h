@@ -1,0 +1,101 @@
+// The element functions of pointwise ops, applied over dense tile buffers in a compute type T
+// (float, double or int64_t). The op is resolved once per tile, outside the loops, so every loop
+// is a plain, vectorizable pass over L1-resident data.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+
+#include "ir/ir.h"
+#include "runtime/cpu/element_traits.h"
+
+namespace meshfuse::cpu {
+
+// A binary operand: a tile buffer, or (ptr == nullptr) the same scalar for every element.
+template <typename T>
+struct TileOperand {
+  const T* ptr = nullptr;
+  T scalar{};
+};
+
+namespace detail {
+template <typename T, typename F>
+void mapUnary(const T* __restrict x, T* __restrict out, int64_t n, F f) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f(x[i]);
+}
+
+template <typename T, typename F>
+void mapBinary(TileOperand<T> a, TileOperand<T> b, T* __restrict out, int64_t n, F f) {
+  const T* __restrict pa = a.ptr;
+  const T* __restrict pb = b.ptr;
+  if (pa && pb) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(pa[i], pb[i]);
+  } else if (pb) {
+    const T sa = a.scalar;
+    for (int64_t i = 0; i < n; ++i) out[i] = f(sa, pb[i]);
+  } else if (pa) {
+    const T sb = b.scalar;
+    for (int64_t i = 0; i < n; ++i) out[i] = f(pa[i], sb);
+  } else {
+    const T v = f(a.scalar, b.scalar);
+    for (int64_t i = 0; i < n; ++i) out[i] = v;
+  }
+}
+}  // namespace detail
+
+template <typename T>
+void applyUnary(OpType op, const T* x, T* out, int64_t n) {
+  using detail::mapUnary;
+  switch (op) {
+    case OpType::Neg: return mapUnary(x, out, n, [](T v) { return static_cast<T>(-v); });
+    case OpType::Abs: return mapUnary(x, out, n, [](T v) { return static_cast<T>(v < T(0) ? -v : v); });
+    // NaN < 0 is false, so relu keeps NaN (as torch does).
+    case OpType::Relu: return mapUnary(x, out, n, [](T v) { return v < T(0) ? T(0) : v; });
+    case OpType::Exp: return mapUnary(x, out, n, [](T v) { return static_cast<T>(std::exp(v)); });
+    case OpType::Log: return mapUnary(x, out, n, [](T v) { return static_cast<T>(std::log(v)); });
+    case OpType::Sqrt: return mapUnary(x, out, n, [](T v) { return static_cast<T>(std::sqrt(v)); });
+    case OpType::Tanh: return mapUnary(x, out, n, [](T v) { return static_cast<T>(std::tanh(v)); });
+    case OpType::Sigmoid: return mapUnary(x, out, n, [](T v) { return static_cast<T>(T(1) / (T(1) + std::exp(-v))); });
+    case OpType::Gelu:  // the exact (erf) form, torch's default
+      return mapUnary(x, out, n, [](T v) {
+        return static_cast<T>(T(0.5) * v * (T(1) + std::erf(v * static_cast<T>(0.70710678118654752440))));
+      });
+    case OpType::Set: std::memcpy(out, x, static_cast<size_t>(n) * sizeof(T)); return;
+    default: break;
+  }
+  throw std::logic_error("applyUnary: " + toString(op) + " is not a unary op");
+}
+
+template <typename T>
+void applyBinary(OpType op, TileOperand<T> a, TileOperand<T> b, T* out, int64_t n) {
+  using detail::mapBinary;
+  switch (op) {
+    case OpType::Add: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x + y); });
+    case OpType::Sub: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x - y); });
+    case OpType::Mul: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x * y); });
+    case OpType::Div: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x / y); });
+    // maximum/minimum propagate NaN from either side (x != x is false for integers).
+    case OpType::Max: return mapBinary(a, b, out, n, [](T x, T y) { return (x != x || x > y) ? x : y; });
+    case OpType::Min: return mapBinary(a, b, out, n, [](T x, T y) { return (x != x || x < y) ? x : y; });
+    case OpType::Pow: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(std::pow(x, y)); });
+    default: break;
+  }
+  throw std::logic_error("applyBinary: " + toString(op) + " is not a binary op");
+}
+
+// out[i] = x[i] rounded to `dtype` and read back as T (a cast inside a fused computation).
+// `out` may be `x`.
+template <typename T>
+void applyRounding(DataType dtype, const T* x, T* out, int64_t n) {
+  dispatchStorage(dtype, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<S, T>) {
+      if (out != x) std::memcpy(out, x, static_cast<size_t>(n) * sizeof(T));
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] = Elem<S>::template load<T>(Elem<S>::template store<T>(x[i]));
+    }
+  });
+}
+
+}  // namespace meshfuse::cpu

@@ -1,0 +1,311 @@
+// Reduction segments: one Sum / ReduceMax / Mean over some axes of a tensor of any strides.
+// Floats accumulate in double, integers and bools in int64. The input is split into its kept axes
+// and its reduced axes (each group sorted by stride and coalesced); then either
+//  - rows: each output reduces a run of elements along the reduced axes (inner reduced axis
+//    contiguous: a simd loop), or
+//  - columns: when the inner *kept* axis is the contiguous one (reducing outer axes), a block of
+//    neighbouring outputs is accumulated together with one vectorizable loop per reduced element.
+// When there are too few outputs to occupy every thread, the reduced range is split into chunks
+// whose partial results are combined afterwards.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+
+#include "ops/shape_inference.h"
+#include "runtime/cpu/cpu_kernels.h"
+#include "runtime/cpu/element_traits.h"
+#include "runtime/cpu/strided_space.h"
+
+namespace meshfuse::cpu {
+
+namespace {
+
+constexpr int64_t kColumnBlock = 512;            // outputs accumulated together by the column kernel
+constexpr int64_t kMinChunk = 1 << 14;           // fewest reduced elements worth a task of their own
+constexpr int64_t kParallelThreshold = 1 << 15;  // input elements below which one thread does it all
+constexpr int kMaxRank = 16;
+
+template <typename A>
+struct SumOp {
+  static constexpr bool is_sum = true;
+  static A init() { return A(0); }
+  static A combine(A x, A y) { return x + y; }
+};
+
+template <typename A>
+struct MaxOp {
+  static constexpr bool is_sum = false;
+  static A init() {
+    if constexpr (std::numeric_limits<A>::has_infinity)
+      return -std::numeric_limits<A>::infinity();
+    else
+      return std::numeric_limits<A>::lowest();
+  }
+  static A combine(A x, A y) { return (x != x || x > y) ? x : y; }  // NaN wins, as in torch
+};
+
+// A row-major walk over a coalesced space of one operand, element by element.
+struct Odometer {
+  const StridedSpace& space;
+  int64_t index[kMaxRank] = {};
+  int64_t offset = 0;
+  Odometer(const StridedSpace& s, int64_t linear) : space(s) {
+    for (int64_t d = s.rank() - 1; d >= 0; --d) {
+      index[d] = linear % s.shape[d];
+      linear /= s.shape[d];
+      offset += index[d] * s.strides[0][d];
+    }
+  }
+  void next() {
+    for (int64_t d = space.rank() - 1; d >= 0; --d) {
+      offset += space.strides[0][d];
+      if (++index[d] < space.shape[d]) return;
+      offset -= space.strides[0][d] * space.shape[d];
+      index[d] = 0;
+    }
+  }
+};
+
+// In/out element offsets of kept linear index `m` (kept has operands {input, output}).
+void keptOffsets(const StridedSpace& kept, int64_t m, int64_t& in_off, int64_t& out_off) {
+  in_off = out_off = 0;
+  for (int64_t d = kept.rank() - 1; d >= 0; --d) {
+    int64_t i = m % kept.shape[d];
+    m /= kept.shape[d];
+    in_off += i * kept.strides[0][d];
+    out_off += i * kept.strides[1][d];
+  }
+}
+
+template <typename S, typename A, typename Op>
+A accumulateRun(const S* p, int64_t n, int64_t stride, A acc) {
+  if constexpr (Op::is_sum) {
+    A s = A(0);
+    if (stride == 1) {
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < n; ++i) s += Elem<S>::template load<A>(p[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) s += Elem<S>::template load<A>(p[i * stride]);
+    }
+    return acc + s;
+  } else {
+    for (int64_t i = 0; i < n; ++i) acc = Op::combine(acc, Elem<S>::template load<A>(p[i * stride]));
+    return acc;
+  }
+}
+
+// Reduces linear indices [begin, end) of the reduced space, in runs along its inner axis.
+template <typename S, typename A, typename Op>
+A reduceRange(const S* base, const StridedSpace& red, int64_t begin, int64_t end) {
+  A acc = Op::init();
+  if (begin >= end) return acc;
+  if (red.rank() == 0) return Op::combine(acc, Elem<S>::template load<A>(base[0]));
+  const int64_t last = red.rank() - 1, inner = red.shape[last], stride = red.strides[0][last];
+  Odometer pos(red, begin);
+  for (int64_t i = begin; i < end;) {
+    const int64_t run = std::min(inner - pos.index[last], end - i);
+    acc = accumulateRun<S, A, Op>(base + pos.offset, run, stride, acc);
+    i += run;
+    // Jump to the start of the next run: step the inner axis to its end, then carry once.
+    pos.offset += (inner - 1 - pos.index[last]) * stride;
+    pos.index[last] = inner - 1;
+    pos.next();
+  }
+  return acc;
+}
+
+int64_t chunksFor(int64_t tasks, int64_t reduce_len) {
+  const int64_t threads = omp_get_max_threads();
+  if (tasks >= 4 * threads) return 1;
+  const int64_t wanted = (4 * threads + tasks - 1) / tasks;
+  return std::max<int64_t>(1, std::min(wanted, reduce_len / kMinChunk));
+}
+
+struct ReductionPlan {
+  StridedSpace kept;  // operands: input strides, output strides
+  StridedSpace red;   // operand: input strides
+  int64_t outputs = 0, count = 0;
+};
+
+template <typename S, typename A, typename Op>
+void reduceRows(const S* base, const ReductionPlan& p, A* result) {
+  const int64_t chunks = chunksFor(p.outputs, p.count);
+  std::vector<A> partial(chunks > 1 ? p.outputs * chunks : 0);
+  const int64_t tasks = p.outputs * chunks;
+#pragma omp parallel for schedule(static) if (p.outputs * p.count >= kParallelThreshold)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t m = t / chunks, c = t % chunks;
+    int64_t in_off, out_off;
+    keptOffsets(p.kept, m, in_off, out_off);
+    A acc = reduceRange<S, A, Op>(base + in_off, p.red, p.count * c / chunks, p.count * (c + 1) / chunks);
+    if (chunks == 1)
+      result[out_off] = acc;
+    else
+      partial[t] = acc;
+  }
+  if (chunks == 1) return;
+  for (int64_t m = 0; m < p.outputs; ++m) {
+    int64_t in_off, out_off;
+    keptOffsets(p.kept, m, in_off, out_off);
+    A acc = Op::init();
+    for (int64_t c = 0; c < chunks; ++c) acc = Op::combine(acc, partial[m * chunks + c]);
+    result[out_off] = acc;
+  }
+}
+
+template <typename S, typename A, typename Op>
+void reduceColumns(const S* base, const ReductionPlan& p, A* result) {
+  // The inner kept axis is the vector axis; the outer kept axes pick a block's origin.
+  StridedSpace outer = p.kept;
+  const int64_t vlen_total = outer.shape.back(), vin = outer.strides[0].back(), vout = outer.strides[1].back();
+  outer.shape.pop_back();
+  outer.strides[0].pop_back();
+  outer.strides[1].pop_back();
+  const int64_t outer_n = outer.numel(), blocks = (vlen_total + kColumnBlock - 1) / kColumnBlock;
+  const int64_t chunks = chunksFor(outer_n * blocks, p.count);
+  std::vector<A> partial(chunks > 1 ? outer_n * vlen_total * chunks : 0);
+  const int64_t tasks = outer_n * blocks * chunks;
+#pragma omp parallel for schedule(static) if (p.outputs * p.count >= kParallelThreshold)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t o = t / (blocks * chunks), b = (t / chunks) % blocks, c = t % chunks;
+    int64_t in_off, out_off;
+    keptOffsets(outer, o, in_off, out_off);
+    const int64_t j0 = b * kColumnBlock, vlen = std::min(kColumnBlock, vlen_total - j0);
+    A acc[kColumnBlock];
+    std::fill(acc, acc + vlen, Op::init());
+    const int64_t r_begin = p.count * c / chunks, r_end = p.count * (c + 1) / chunks;
+    Odometer pos(p.red, r_begin);
+    for (int64_t r = r_begin; r < r_end; ++r, pos.next()) {
+      const S* src = base + in_off + pos.offset + j0 * vin;
+      if (vin == 1) {
+        for (int64_t j = 0; j < vlen; ++j) acc[j] = Op::combine(acc[j], Elem<S>::template load<A>(src[j]));
+      } else {
+        for (int64_t j = 0; j < vlen; ++j) acc[j] = Op::combine(acc[j], Elem<S>::template load<A>(src[j * vin]));
+      }
+    }
+    for (int64_t j = 0; j < vlen; ++j) {
+      if (chunks == 1)
+        result[out_off + (j0 + j) * vout] = acc[j];
+      else
+        partial[((o * vlen_total) + j0 + j) * chunks + c] = acc[j];
+    }
+  }
+  if (chunks == 1) return;
+  for (int64_t o = 0; o < outer_n; ++o) {
+    int64_t in_off, out_off;
+    keptOffsets(outer, o, in_off, out_off);
+    for (int64_t j = 0; j < vlen_total; ++j) {
+      A acc = Op::init();
+      for (int64_t c = 0; c < chunks; ++c) acc = Op::combine(acc, partial[(o * vlen_total + j) * chunks + c]);
+      result[out_off + j * vout] = acc;
+    }
+  }
+}
+
+// Sorts a group's axes by decreasing input stride (the order that walks memory forward), then
+// coalesces them.
+void sortAndCoalesce(StridedSpace& s) {
+  std::vector<size_t> order(s.shape.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return std::abs(s.strides[0][a]) > std::abs(s.strides[0][b]); });
+  StridedSpace sorted;
+  sorted.strides.resize(s.strides.size());
+  for (size_t i : order) {
+    sorted.shape.push_back(s.shape[i]);
+    for (size_t k = 0; k < s.strides.size(); ++k) sorted.strides[k].push_back(s.strides[k][i]);
+  }
+  sorted.coalesce();
+  s = std::move(sorted);
+}
+
+ReductionPlan planReduction(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
+  ReductionPlan p;
+  p.kept.strides.resize(2);
+  p.red.strides.resize(1);
+  // Output strides of the kept axes: the output is contiguous over the kept (and kept-as-1) axes.
+  std::vector<int64_t> out_shape;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    bool reduced = std::find(axes.begin(), axes.end(), d) != axes.end();
+    if (!reduced || keepdim) out_shape.push_back(reduced ? 1 : x.size(d));
+  }
+  const std::vector<int64_t> out_strides = contiguousStrides(out_shape);
+  int64_t out_axis = 0;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    bool reduced = std::find(axes.begin(), axes.end(), d) != axes.end();
+    if (reduced) {
+      p.red.shape.push_back(x.size(d));
+      p.red.strides[0].push_back(x.strides()[d]);
+      if (keepdim) ++out_axis;
+    } else {
+      p.kept.shape.push_back(x.size(d));
+      p.kept.strides[0].push_back(x.strides()[d]);
+      p.kept.strides[1].push_back(out_strides[out_axis++]);
+    }
+  }
+  p.outputs = p.kept.numel();
+  p.count = p.red.numel();
+  sortAndCoalesce(p.kept);
+  sortAndCoalesce(p.red);
+  if (p.kept.rank() > kMaxRank || p.red.rank() > kMaxRank)
+    throw std::invalid_argument("CPU reduction: rank exceeds " + std::to_string(kMaxRank));
+  return p;
+}
+
+template <typename S, typename A, typename Op>
+void reduceInto(const S* base, const ReductionPlan& p, A* result) {
+  const int64_t red_inner = p.red.rank() ? std::abs(p.red.strides[0].back()) : 0;
+  const bool columns = p.kept.rank() > 0 && p.red.rank() > 0 && red_inner != 1 && p.kept.shape.back() >= 8 &&
+                       std::abs(p.kept.strides[0].back()) < red_inner;
+  if (columns)
+    reduceColumns<S, A, Op>(base, p, result);
+  else
+    reduceRows<S, A, Op>(base, p, result);
+}
+
+}  // namespace
+
+void runReduction(const Segment& seg, ValueMap& values, const ShapeMap& shapes) {
+  const Expr& e = soleExpr(seg);
+  if (!isReduction(e.op())) throw std::logic_error("CPU reduction: " + toString(e.op()) + " in " + seg.toString());
+  const Tensor& x = inputTensor(values, shapes, e.input(0));
+  const std::vector<int64_t> axes =
+      normalizeAxes(e.attrs().axes, x.dim(), toString(e.op()) + "(" + e.input(0)->name() + ")");
+  ReductionPlan p = planReduction(x, axes, e.attrs().keepdim);
+  Tensor& out = allocateOutput(values, shapes, e.out());
+  if (out.numel() != p.outputs)
+    throw std::logic_error("CPU reduction: " + e.out()->name() + " has shape " + shapeToString(out.shape()) +
+                           ", inconsistent with reducing " + shapeToString(x.shape()));
+  if (p.outputs == 0) return;
+  if (e.op() == OpType::ReduceMax && p.count == 0)
+    throw std::invalid_argument("max(" + e.input(0)->name() + "): reducing an axis of extent 0 has no identity");
+
+  dispatchStorage(x.dtype(), [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using A = std::conditional_t<kIsFloatStorage<S>, double, int64_t>;  // the accumulator
+    std::vector<A> result(static_cast<size_t>(p.outputs));
+    if (e.op() == OpType::ReduceMax)
+      reduceInto<S, A, MaxOp<A>>(x.dataAs<const S>(), p, result.data());
+    else
+      reduceInto<S, A, SumOp<A>>(x.dataAs<const S>(), p, result.data());
+    const bool mean = e.op() == OpType::Mean;
+    const double count = static_cast<double>(p.count);
+    dispatchStorage(out.dtype(), [&](auto out_tag) {
+      using O = typename decltype(out_tag)::type;
+      O* dst = out.dataAs<O>();
+      const int64_t n = p.outputs;
+      if (mean) {
+        for (int64_t i = 0; i < n; ++i)
+          dst[i] = Elem<O>::template store<double>(static_cast<double>(result[i]) / count);
+      } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] = Elem<O>::template store<A>(result[i]);
+      }
+    });
+  });
+}
+
+}  // namespace meshfuse::cpu

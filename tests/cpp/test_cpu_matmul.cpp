@@ -1,0 +1,129 @@
+// CPU executor, matmul and linear segments (OpenBLAS): dtypes, 1-D operands, batch broadcasting,
+// transposed and non-contiguous operands, and linear with and without bias, against the float64
+// reference.
+#include <gtest/gtest.h>
+
+#include "ops/ops.h"
+#include "test_cpu_reference.h"
+
+namespace meshfuse {
+namespace {
+
+using testing::checkAgainstReference;
+using testing::randomTensor;
+using Kind = Segment::Kind;
+
+// Accumulating K products in float32 loses about sqrt(K) ulps; allow some headroom.
+constexpr double kGemmScale = 20.0;
+
+void checkMatmul(DataType dt, const Tensor& a, const Tensor& b, const std::string& what) {
+  Fusion f;
+  TensorView* ta = f.newTensor(dt, a.shape());
+  TensorView* tb = f.newTensor(dt, b.shape());
+  f.addInput(ta);
+  f.addInput(tb);
+  f.addOutput(ops::matmul(ta, tb));
+  ValueMap v;
+  v.tensors[ta] = a;
+  v.tensors[tb] = b;
+  checkAgainstReference(f, Kind::Matmul, v, what + " " + toString(dt), kGemmScale);
+}
+
+void checkLinear(DataType dt, const Tensor& x, const Tensor& w, const Tensor* bias, const std::string& what) {
+  Fusion f;
+  TensorView* tx = f.newTensor(dt, x.shape());
+  TensorView* tw = f.newTensor(dt, w.shape());
+  f.addInput(tx);
+  f.addInput(tw);
+  TensorView* tb = nullptr;
+  if (bias) {
+    tb = f.newTensor(dt, bias->shape());
+    f.addInput(tb);
+  }
+  f.addOutput(ops::linear(tx, tw, tb));
+  ValueMap v;
+  v.tensors[tx] = x;
+  v.tensors[tw] = w;
+  if (bias) v.tensors[tb] = *bias;
+  checkAgainstReference(f, Kind::Matmul, v, what + " " + toString(dt), kGemmScale);
+}
+
+const DataType kDtypes[] = {DataType::Float,    DataType::Double, DataType::Half,
+                            DataType::BFloat16, DataType::Int,    DataType::Int32};
+
+TEST(CpuMatmul, TwoDimensionalEveryDtype) {
+  uint64_t seed = 1;
+  for (DataType dt : kDtypes) {
+    checkMatmul(dt, randomTensor({37, 29}, dt, seed++), randomTensor({29, 41}, dt, seed++), "2d");
+    checkMatmul(dt, randomTensor({1, 8}, dt, seed++), randomTensor({8, 1}, dt, seed++), "1x1");
+  }
+}
+
+TEST(CpuMatmul, VectorOperands) {
+  uint64_t seed = 10;
+  for (DataType dt : {DataType::Float, DataType::Double, DataType::Int}) {
+    checkMatmul(dt, randomTensor({29}, dt, seed++), randomTensor({29, 13}, dt, seed++), "vec@mat");
+    checkMatmul(dt, randomTensor({13, 29}, dt, seed++), randomTensor({29}, dt, seed++), "mat@vec");
+    checkMatmul(dt, randomTensor({29}, dt, seed++), randomTensor({29}, dt, seed++), "vec@vec");
+    checkMatmul(dt, randomTensor({29}, dt, seed++), randomTensor({3, 29, 5}, dt, seed++), "vec@batch");
+    checkMatmul(dt, randomTensor({2, 4, 29}, dt, seed++), randomTensor({29}, dt, seed++), "batch@vec");
+  }
+}
+
+TEST(CpuMatmul, BatchedWithBroadcasting) {
+  uint64_t seed = 20;
+  for (DataType dt : {DataType::Float, DataType::Half, DataType::Int32}) {
+    checkMatmul(dt, randomTensor({4, 9, 11}, dt, seed++), randomTensor({4, 11, 6}, dt, seed++), "batched");
+    checkMatmul(dt, randomTensor({2, 1, 9, 11}, dt, seed++), randomTensor({3, 11, 6}, dt, seed++), "broadcast batch");
+    checkMatmul(dt, randomTensor({5, 9, 11}, dt, seed++), randomTensor({11, 6}, dt, seed++), "batch folded into rows");
+    checkMatmul(dt, randomTensor({9, 11}, dt, seed++), randomTensor({5, 11, 6}, dt, seed++), "shared A");
+  }
+}
+
+TEST(CpuMatmul, TransposedAndNonContiguousOperands) {
+  uint64_t seed = 30;
+  for (DataType dt : {DataType::Float, DataType::Double, DataType::Int}) {
+    Tensor at = randomTensor({31, 17}, dt, seed++).permute({1, 0});       // [17, 31], transposed
+    Tensor bt = randomTensor({23, 31}, dt, seed++).permute({1, 0});       // [31, 23], transposed
+    Tensor a_slice = randomTensor({17, 40}, dt, seed++).slice(1, 5, 31);  // lda 40
+    Tensor b_strided = randomTensor({31, 46}, dt, seed++).permute({1, 0}).slice(0, 0, 23).permute({1, 0});
+    Tensor b_every_other = randomTensor({31, 46}, dt, seed++);
+    b_every_other = Tensor(b_every_other.storage(), 0, dt, {31, 23}, {46, 2});  // column stride 2: a copy
+    checkMatmul(dt, at, randomTensor({31, 23}, dt, seed++), "A^T");
+    checkMatmul(dt, randomTensor({17, 31}, dt, seed++), bt, "B^T");
+    checkMatmul(dt, at, bt, "A^T B^T");
+    checkMatmul(dt, a_slice, b_strided, "sliced");
+    checkMatmul(dt, a_slice, b_every_other, "column stride 2");
+    Tensor batched_t = randomTensor({3, 31, 17}, dt, seed++).permute({0, 2, 1});  // [3, 17, 31]
+    checkMatmul(dt, batched_t, randomTensor({3, 31, 23}, dt, seed++), "batched A^T");
+  }
+}
+
+TEST(CpuLinear, WithAndWithoutBias) {
+  uint64_t seed = 40;
+  for (DataType dt : {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16, DataType::Int}) {
+    Tensor x = randomTensor({2, 7, 33}, dt, seed++);
+    Tensor w = randomTensor({19, 33}, dt, seed++);
+    Tensor bias = randomTensor({19}, dt, seed++);
+    checkLinear(dt, x, w, nullptr, "linear");
+    checkLinear(dt, x, w, &bias, "linear+bias");
+    checkLinear(dt, randomTensor({33}, dt, seed++), w, &bias, "1-D x");
+    Tensor w1 = randomTensor({33}, dt, seed++);
+    Tensor b0 = randomTensor({}, dt, seed++);
+    checkLinear(dt, x, w1, nullptr, "1-D w");
+    checkLinear(dt, x, w1, &b0, "1-D w + scalar bias");
+  }
+}
+
+TEST(CpuLinear, StridedInputs) {
+  uint64_t seed = 50;
+  Tensor x_perm = randomTensor({7, 2, 33}, DataType::Float, seed++).permute({1, 0, 2});  // leading axes don't fold
+  Tensor w_t = randomTensor({33, 19}, DataType::Float, seed++).permute({1, 0});          // w stored transposed
+  Tensor x_rows = randomTensor({14, 40}, DataType::Float, seed++).slice(1, 0, 33);       // row stride 40
+  Tensor bias = randomTensor({19}, DataType::Float, seed++);
+  checkLinear(DataType::Float, x_perm, randomTensor({19, 33}, DataType::Float, seed++), &bias, "permuted x");
+  checkLinear(DataType::Float, x_rows, w_t, &bias, "sliced x, transposed w");
+}
+
+}  // namespace
+}  // namespace meshfuse
