@@ -1,0 +1,38 @@
+// The consistency check of a newly lowered program: before its first communication, the ranks of
+// the world compare what they lowered, so a rank whose definition, input shapes, dtypes or
+// parameters differ fails with a UserError on every rank (naming the ranks and the first line
+// that differs) instead of posting collectives that never match. Paid once per cached program.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "host_ir/fusion_executor.h"
+#include "host_ir/input_check.h"
+
+namespace meshfuse {
+
+// The rank-independent description of a lowered program: the lines of the resharded fusion's
+// toString(), then the bound global shape and dtype of every input, the resolved backend and the
+// executor parameters that shape the program. Equal on two ranks iff they lowered the same program.
+std::vector<std::string> programFingerprint(const Fusion& lowered, const InputSignature& sig,
+                                            const MultiDeviceExecutorParams& params,
+                                            CommunicatorBackend resolved_backend);
+
+// Collective over `team` (world ranks; every member calls it): compares the members' lines.
+// Returns when all are equal (one allgather of 16 bytes); otherwise every member throws the same
+// UserError naming the ranks that differ from the team's first rank and the text, on each of
+// them, of the first line that differs. CommunicationTimeout when a member does not arrive.
+void checkProgramsAgree(const std::vector<std::string>& lines, const std::vector<int64_t>& team,
+                        std::chrono::milliseconds timeout);
+
+// The executor's call, for a program it just lowered on `device`: the fingerprint of this rank,
+// compared over the world (a CommunicationTimeout goes to the timeout policy).
+void checkNewProgramAgrees(const Fusion& lowered, const InputSignature& sig, const MultiDeviceExecutorParams& params,
+                           Device device, std::chrono::milliseconds timeout);
+
+// FNV-1a, 64 bit: the same on every rank and build (std::hash is not).
+uint64_t fingerprintHash(const std::string& text, uint64_t seed = 1469598103934665603ull);
+
+}  // namespace meshfuse

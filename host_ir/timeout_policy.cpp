@@ -1,0 +1,22 @@
+#include "host_ir/timeout_policy.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "multidevice/communicator.h"
+
+namespace meshfuse {
+
+bool abortOnTimeout() {
+  const char* env = std::getenv("MESHFUSE_ABORT_ON_TIMEOUT");
+  return env == nullptr || *env == '\0' || std::strcmp(env, "0") != 0;
+}
+
+void handleCommunicationTimeout(const CommunicationTimeout& e, const char* during) {
+  const std::string message = std::string("communication timeout ") + during + ": " + e.what();
+  if (!abortOnTimeout()) throw CommunicationTimeout(message);
+  // abort() prints the reason, with the rank, before ending the job.
+  Communicator::instance().abort(1, message + " (MESHFUSE_ABORT_ON_TIMEOUT=0 raises this instead of ending the job)");
+}
+
+}  // namespace meshfuse
