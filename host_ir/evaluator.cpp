@@ -3,8 +3,10 @@
 #include <functional>
 #include <memory>
 
+#include "host_ir/comm_debug.h"
 #include "host_ir/comm_layout.h"
 #include "multidevice/communicator.h"
+#include "multidevice/debug_log.h"
 
 namespace meshfuse {
 
@@ -143,6 +145,8 @@ void HostIrEvaluator::run(ValueMap& values) {
     switch (ins.kind) {
       case Instruction::Kind::LaunchSegment: executor_.run(hic_.segments[ins.index], values, hic_.local_shapes); break;
       case Instruction::Kind::PostCommunication:
+        if (debug::enabled(debug::Level::Info))
+          debug::info(describePostedCommunication(hic_, hic_.communications[ins.index]));
         in_flight[ins.index] = runner.post(hic_.communications[ins.index]);
         break;
       case Instruction::Kind::Wait: {

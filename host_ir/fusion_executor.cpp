@@ -3,10 +3,13 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "host_ir/consistency.h"
 #include "host_ir/evaluator.h"
 #include "host_ir/input_check.h"
 #include "host_ir/lower.h"
+#include "host_ir/timeout_policy.h"
 #include "multidevice/communicator.h"
+#include "multidevice/debug_log.h"
 #include "multidevice/resharding.h"
 #include "runtime/segment.h"
 
@@ -83,7 +86,8 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     } catch (const UserError& e) {
       error = e.what();
     }
-    sig = agreeOnInputs(*fusion_, error.empty() ? &sig : nullptr, error, timeout);
+    sig = withTimeoutPolicy("in execute's input agreement over the world (backend mpi)",
+                            [&] { return agreeOnInputs(*fusion_, error.empty() ? &sig : nullptr, error, timeout); });
   } else {
     if (multi) checkMeshesFitWorld(*fusion_, comm->size());
     sig = checkLocalInputs(*fusion_, inputs, rank);
@@ -102,6 +106,10 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     Device device{sig.device, sig.device_index};
     program->hic = HostIrLower(params.lower).lower(lowered, shapes, rank, device);
     program->executor = executorFor(device);
+    if (debug::enabled(debug::Level::Info)) debug::info("lowered a new host program:\n" + program->hic->toString());
+    // Before its first communication the ranks check that they lowered the same program (once per
+    // cached program); on a mismatch nothing is cached and every rank raises.
+    if (multi && comm->size() > 1) checkNewProgramAgrees(lowered, sig, params, device, timeout);
     it = programs_.emplace(key, std::move(program)).first;
   }
   last_ = it->second;
@@ -118,7 +126,8 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   }
   HostIrEvaluatorParams eval_params = params.executor;
   eval_params.timeout = timeout;
-  HostIrEvaluator(*program.hic, eval_params, *program.executor).run(values);
+  withTimeoutPolicy("while running the host program",
+                    [&] { HostIrEvaluator(*program.hic, eval_params, *program.executor).run(values); });
 
   std::vector<Tensor> outputs;
   for (const Val* out : lowered.outputs()) {
