@@ -1,9 +1,8 @@
-// Error checking for the CUDA runtime, driver, NVRTC and cuBLASLt calls of runtime/cuda/ and the
+// Error checking for the CUDA runtime, NVRTC and cuBLASLt calls of runtime/cuda/ and the
 // CUDA backends: a failing call throws std::runtime_error naming the call, the error and the place.
 // Internal header (it includes the CUDA headers); public headers of runtime/cuda/ stay CUDA-free.
 #pragma once
 #include <cublasLt.h>
-#include <cuda.h>
 #include <cuda_runtime.h>
 #include <nvrtc.h>
 
@@ -16,14 +15,6 @@ namespace meshfuse::cuda {
   throw std::runtime_error(std::string(what) + " failed: " + error + " (" + file + ":" + std::to_string(line) + ")");
 }
 
-inline std::string driverErrorString(CUresult r) {
-  const char* name = nullptr;
-  const char* text = nullptr;
-  cuGetErrorName(r, &name);
-  cuGetErrorString(r, &text);
-  return std::string(name ? name : "CUDA_ERROR_?") + ": " + (text ? text : "");
-}
-
 }  // namespace meshfuse::cuda
 
 #define MESHFUSE_CUDA_CHECK(call)                                                                     \
@@ -31,13 +22,6 @@ inline std::string driverErrorString(CUresult r) {
     cudaError_t meshfuse_err_ = (call);                                                               \
     if (meshfuse_err_ != cudaSuccess)                                                                 \
       ::meshfuse::cuda::throwCudaError(#call, cudaGetErrorString(meshfuse_err_), __FILE__, __LINE__); \
-  } while (0)
-
-#define MESHFUSE_CU_CHECK(call)                                                                                        \
-  do {                                                                                                                 \
-    CUresult meshfuse_err_ = (call);                                                                                   \
-    if (meshfuse_err_ != CUDA_SUCCESS)                                                                                 \
-      ::meshfuse::cuda::throwCudaError(#call, ::meshfuse::cuda::driverErrorString(meshfuse_err_), __FILE__, __LINE__); \
   } while (0)
 
 #define MESHFUSE_NVRTC_CHECK(call)                                                                     \

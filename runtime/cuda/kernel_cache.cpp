@@ -17,8 +17,8 @@ std::atomic<int64_t> g_compilations{0};
 
 struct Cache {
   std::mutex mutex;
-  std::map<std::string, std::string> cubins;                    // key|arch -> cubin
-  std::map<std::pair<int, std::string>, CUfunction> functions;  // (device, key) -> loaded kernel
+  std::map<std::string, std::string> cubins;                      // key|arch -> cubin
+  std::map<std::pair<int, std::string>, cudaKernel_t> functions;  // (device, key) -> loaded kernel
 };
 Cache& cache() {
   static Cache* c = new Cache();  // never destroyed: modules live until the process ends
@@ -94,25 +94,24 @@ KernelFunction cachedKernel(int device, const std::string& key, const std::funct
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   auto fit = c.functions.find({device, key});
-  if (fit != c.functions.end()) return fit->second;
+  if (fit != c.functions.end()) return reinterpret_cast<KernelFunction>(fit->second);
   const std::string arch = deviceArch(device);
   auto& cubin = c.cubins[key + "|" + arch];
   if (cubin.empty()) cubin = compileToCubin(make_source(), name, arch);
-  DeviceGuard guard(device);
-  MESHFUSE_CUDA_CHECK(cudaFree(nullptr));  // makes the device's primary context current for the driver API
-  CUmodule module;
-  MESHFUSE_CU_CHECK(cuModuleLoadData(&module, cubin.data()));
-  CUfunction function;
-  MESHFUSE_CU_CHECK(cuModuleGetFunction(&function, module, name.c_str()));
+  // A library is context-independent: its kernel is loaded into a device's context on first launch there.
+  cudaLibrary_t library;
+  MESHFUSE_CUDA_CHECK(cudaLibraryLoadData(&library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  cudaKernel_t function;
+  MESHFUSE_CUDA_CHECK(cudaLibraryGetKernel(&function, library, name.c_str()));
   c.functions[{device, key}] = function;
-  return function;
+  return reinterpret_cast<KernelFunction>(function);
 }
 
 void launchKernel(KernelFunction kernel, unsigned grid, unsigned block, Stream stream, void* params,
                   unsigned dynamic_shared_bytes, unsigned grid_y, unsigned block_y) {
   void* args[] = {params};
-  MESHFUSE_CU_CHECK(cuLaunchKernel(static_cast<CUfunction>(kernel), grid, grid_y, 1, block, block_y, 1,
-                                   dynamic_shared_bytes, reinterpret_cast<CUstream>(stream), args, nullptr));
+  MESHFUSE_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(grid, grid_y), dim3(block, block_y),
+                                       args, dynamic_shared_bytes, stream));
 }
 
 int64_t kernelCompilations() { return g_compilations.load(); }

@@ -1,6 +1,6 @@
 // Run-time compilation of generated CUDA C++ with NVRTC, and the cache of compiled kernels: a
 // source is compiled once per (key, GPU architecture) and its module loaded once per device.
-// CUDA-free header (kernels are handed around as opaque CUfunction pointers).
+// CUDA-free header (kernels are handed around as opaque cudaKernel_t handles).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,13 +22,13 @@ std::string compileToCubin(const std::string& source, const std::string& program
 std::string deviceArch(int device);
 int multiprocessorCount(int device);
 
-using KernelFunction = void*;  // a CUfunction
+using KernelFunction = void*;  // a cudaKernel_t
 
 // The kernel `name` from the source that `make_source` builds, for `device`, compiled on first use.
 KernelFunction cachedKernel(int device, const std::string& key, const std::function<std::string()>& make_source,
                             const std::string& name);
 
-// Launches on `stream`; `params` is the kernel's single by-value parameter (a struct of `bytes`).
+// Launches on `stream`; `params` points to the kernel's single by-value parameter (its struct).
 void launchKernel(KernelFunction kernel, unsigned grid, unsigned block, Stream stream, void* params,
                   unsigned dynamic_shared_bytes = 0, unsigned grid_y = 1, unsigned block_y = 1);
 

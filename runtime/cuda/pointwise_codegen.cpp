@@ -221,7 +221,10 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
   if (!var.contiguous)
     s << "  i64 shape[" << var.ndim << "];\n  i64 in_st[" << nin << "][" << var.ndim << "];\n  i64 out_st[" << nout
       << "][" << var.ndim << "];\n";
-  s << "};\n\n";
+  s << "};\n";
+  // The host packs the same block as 8-byte words (pointwiseParamWords): the layouts must agree.
+  s << "static_assert(sizeof(Params) == " << 8 * pointwiseParamWords(prog, var)
+    << ", \"host and device disagree on the parameter block\");\n\n";
 
   // The chain on one element: inputs by value (storage types), outputs by reference.
   s << "__device__ __forceinline__ void chain(const Params& p";

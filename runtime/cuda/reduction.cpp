@@ -61,6 +61,10 @@ AxisGroup makeGroup(const Tensor& x, const std::vector<bool>& take) {
 }
 }  // namespace
 
+size_t reductionParamWords(const ReductionVariant& v) {
+  return 5 + 2 * static_cast<size_t>(v.kept_ndim) + 2 * static_cast<size_t>(v.reduced_ndim);
+}
+
 std::string generateReductionSource(OpType op, DataType in, DataType out, const ReductionVariant& v,
                                     const std::string& name) {
   if (!isReduction(op)) throw std::invalid_argument("CUDA reduction codegen: " + toString(op) + " is not a reduction");
@@ -69,7 +73,9 @@ std::string generateReductionSource(OpType op, DataType in, DataType out, const 
   s << kernelPrelude();
   s << "struct Params {\n  const void* in;\n  void* out;\n  i64 n_out;\n  i64 n_red;\n  double scale;\n"
     << "  i64 kshape[" << v.kept_ndim << "];\n  i64 kstride[" << v.kept_ndim << "];\n"
-    << "  i64 rshape[" << v.reduced_ndim << "];\n  i64 rstride[" << v.reduced_ndim << "];\n};\n\n";
+    << "  i64 rshape[" << v.reduced_ndim << "];\n  i64 rstride[" << v.reduced_ndim << "];\n};\n"
+    << "static_assert(sizeof(Params) == " << 8 * reductionParamWords(v)
+    << ", \"host and device disagree on the parameter block\");\n\n";
   s << "__device__ __forceinline__ " << acc << " combine(" << acc << " a, " << acc << " b) { return "
     << combine(op, out) << "; }\n";
   // Offset of a linear index within a group of axes (innermost last).
@@ -161,6 +167,7 @@ void runReduction(int device, OpType op, const Tensor& x, const std::vector<int6
   for (const auto* vec : {&k.extents, &k.strides, &r.extents, &r.strides})
     for (int64_t e : *vec) words.push_back(static_cast<uint64_t>(e));
 
+  if (words.size() != reductionParamWords(v)) throw std::logic_error("CUDA reduction: parameter block size mismatch");
   const DataType in_t = x.dtype(), out_t = out.dtype();
   const std::string key = "reduction|" + std::to_string(static_cast<int>(op)) + "|" +
                           std::to_string(static_cast<int>(in_t)) + ">" + std::to_string(static_cast<int>(out_t)) +

@@ -19,6 +19,9 @@ struct ReductionVariant {
   int reduced_ndim = 1;
   bool row = true;  // block per output (contiguous reduced elements)
 };
+// The kernel's parameter block in 8-byte words: in, out, n_out, n_red, scale, then the kept axes'
+// extents and strides and the reduced axes' extents and strides.
+size_t reductionParamWords(const ReductionVariant& variant);
 std::string generateReductionSource(OpType op, DataType in, DataType out, const ReductionVariant& variant,
                                     const std::string& kernel_name);
 

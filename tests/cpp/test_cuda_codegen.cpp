@@ -1,0 +1,183 @@
+// The CUDA kernel generators compile with NVRTC for sm_90 (the H200's architecture). This needs
+// the CUDA toolkit only, no GPU, so it runs on every machine with a CUDA build.
+#include <gtest/gtest.h>
+
+#if MESHFUSE_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/ops.h"
+#include "runtime/cuda/kernel_cache.h"
+#include "runtime/cuda/pointwise_codegen.h"
+#include "runtime/cuda/reduction.h"
+
+namespace meshfuse {
+namespace {
+
+using cuda::PointwiseProgram;
+using cuda::PointwiseVariant;
+using Kind = PointwiseProgram::Operand::Kind;
+
+const std::vector<DataType> kAllTypes = {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16,
+                                         DataType::Int,   DataType::Int32,  DataType::Bool};
+const std::vector<OpType> kUnary = {OpType::Neg,  OpType::Abs,     OpType::Exp,  OpType::Log, OpType::Sqrt,
+                                    OpType::Relu, OpType::Sigmoid, OpType::Tanh, OpType::Gelu};
+const std::vector<OpType> kBinary = {OpType::Add, OpType::Sub, OpType::Mul, OpType::Div,
+                                     OpType::Max, OpType::Min, OpType::Pow};
+
+// The result type the IR gives `op` on tensors of `dtype` (ops::resultType on a throwaway fusion).
+DataType irResultType(OpType op, DataType dtype, bool with_float_scalar = false) {
+  Fusion f;
+  std::vector<Val*> in{f.newTensor(dtype, {4})};
+  if (isBinary(op)) in.push_back(with_float_scalar ? static_cast<Val*>(f.newScalar(DataType::Double, 2.5)) : in[0]);
+  return ops::resultType(op, in, {});
+}
+
+PointwiseProgram::Operand input(int i, DataType d) { return {Kind::Input, i, 0, d}; }
+
+// Every unary and binary op applied to one (two) inputs of `dtype`, plus ops with a runtime scalar
+// and constants (a finite one and infinity), each result an output.
+PointwiseProgram allOpsProgram(DataType dtype) {
+  PointwiseProgram p;
+  p.inputs = {dtype, dtype};
+  p.num_scalars = 1;
+  auto add = [&](OpType op, std::vector<PointwiseProgram::Operand> args, DataType out) {
+    p.instrs.push_back({op, std::move(args), out});
+    p.outputs.push_back(static_cast<int>(p.instrs.size()) - 1);
+  };
+  for (OpType op : kUnary) add(op, {input(0, dtype)}, irResultType(op, dtype));
+  for (OpType op : kBinary) add(op, {input(0, dtype), input(1, dtype)}, irResultType(op, dtype));
+  add(OpType::Mul, {input(0, dtype), {Kind::Scalar, 0, 0, DataType::Double}}, irResultType(OpType::Mul, dtype, true));
+  add(OpType::Min, {input(1, dtype), {Kind::Constant, 0, 1.0 / 3.0, DataType::Double}},
+      irResultType(OpType::Min, dtype, true));
+  add(OpType::Max, {input(1, dtype), {Kind::Constant, 0, -INFINITY, DataType::Double}},
+      irResultType(OpType::Max, dtype, true));
+  return p;
+}
+
+std::string compile(const std::string& source) { return cuda::compileToCubin(source, "test_kernel", "sm_90"); }
+
+class PointwiseCodegen : public ::testing::TestWithParam<DataType> {};
+
+TEST_P(PointwiseCodegen, EveryOpCompilesInEveryVariant) {
+  const PointwiseProgram prog = allOpsProgram(GetParam());
+  PointwiseVariant vec;
+  vec.contiguous = true;
+  vec.vector_width = static_cast<int>(16 / dataTypeSize(GetParam()));
+  PointwiseVariant flat;
+  flat.contiguous = true;
+  flat.vector_width = 1;
+  PointwiseVariant strided32;
+  strided32.contiguous = false;
+  strided32.ndim = 3;
+  strided32.index32 = true;
+  PointwiseVariant strided64 = strided32;
+  strided64.index32 = false;
+  for (const PointwiseVariant& v : {vec, flat, strided32, strided64}) {
+    const std::string src = cuda::generatePointwiseSource(prog, v, "k");
+    SCOPED_TRACE(toString(GetParam()) + " variant " + v.key());
+    std::string cubin;
+    ASSERT_NO_THROW(cubin = compile(src)) << src;
+    EXPECT_GT(cubin.size(), 1000u);
+    // The vectorized variant reads and writes whole 16-byte (or narrower) packs.
+    EXPECT_EQ(src.find("Pack<" + cuda::storageType(GetParam()) + ", " + std::to_string(v.vector_width) + ">") !=
+                  std::string::npos,
+              v.contiguous && v.vector_width > 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, PointwiseCodegen, ::testing::ValuesIn(kAllTypes),
+                         [](const auto& info) { return toString(info.param); });
+
+TEST(PointwiseCodegenCasts, EveryPairCompiles) {
+  for (DataType from : kAllTypes) {
+    PointwiseProgram p;
+    p.inputs = {from};
+    for (DataType to : kAllTypes) {
+      p.instrs.push_back({OpType::Cast, {input(0, from)}, to});
+      p.outputs.push_back(static_cast<int>(p.instrs.size()) - 1);
+    }
+    PointwiseVariant v;
+    v.vector_width = 2;
+    SCOPED_TRACE("cast from " + toString(from));
+    EXPECT_NO_THROW(compile(cuda::generatePointwiseSource(p, v, "cast_kernel")));
+  }
+}
+
+TEST(PointwiseCodegenChain, FusedChainKeepsIntermediatesInRegisters) {
+  // gelu(x * w + b) -> half: one kernel, one store per element, the temps are locals.
+  PointwiseProgram p;
+  p.inputs = {DataType::Half, DataType::Half, DataType::Half};
+  p.instrs.push_back({OpType::Mul, {input(0, DataType::Half), input(1, DataType::Half)}, DataType::Half});
+  p.instrs.push_back({OpType::Add, {{Kind::Temp, 0, 0, DataType::Half}, input(2, DataType::Half)}, DataType::Half});
+  p.instrs.push_back({OpType::Gelu, {{Kind::Temp, 1, 0, DataType::Half}}, DataType::Half});
+  p.outputs = {2};
+  PointwiseVariant v;
+  v.vector_width = 8;
+  const std::string src = cuda::generatePointwiseSource(p, v, "chain");
+  EXPECT_NE(src.find("erff"), std::string::npos) << "gelu must use the exact erf form";
+  EXPECT_EQ(src.find("p.out[1]"), std::string::npos) << "only the final value is stored";
+  EXPECT_NO_THROW(compile(src));
+}
+
+TEST(PointwiseCodegenKeys, KeysSeparateStructureTypesAndVariants) {
+  PointwiseProgram a = allOpsProgram(DataType::Float), b = allOpsProgram(DataType::Half);
+  EXPECT_NE(a.key(), b.key());
+  PointwiseProgram c = a;
+  c.instrs[0].op = OpType::Abs;
+  EXPECT_NE(a.key(), c.key());
+  EXPECT_EQ(a.key(), allOpsProgram(DataType::Float).key());
+  PointwiseVariant v1, v2;
+  v2.vector_width = 4;
+  EXPECT_NE(v1.key(), v2.key());
+}
+
+TEST(PointwiseCodegenErrors, MalformedProgramsAreRejected) {
+  PointwiseProgram p;
+  p.inputs = {DataType::Float};
+  p.instrs.push_back({OpType::Add, {input(0, DataType::Float)}, DataType::Float});  // one operand for a binary op
+  p.outputs = {0};
+  EXPECT_THROW(cuda::generatePointwiseSource(p, {}, "k"), std::invalid_argument);
+  PointwiseProgram q;
+  q.inputs = {DataType::Float};
+  q.instrs.push_back({OpType::Sum, {input(0, DataType::Float)}, DataType::Float});  // not pointwise
+  q.outputs = {0};
+  EXPECT_THROW(cuda::generatePointwiseSource(q, {}, "k"), std::invalid_argument);
+  PointwiseProgram r;
+  r.inputs = {DataType::Float};
+  r.instrs.push_back({OpType::Neg, {{Kind::Temp, 0, 0, DataType::Float}}, DataType::Float});  // uses itself
+  r.outputs = {0};
+  EXPECT_THROW(cuda::generatePointwiseSource(r, {}, "k"), std::invalid_argument);
+}
+
+TEST(ReductionCodegen, EveryReductionCompilesInBothModes) {
+  for (OpType op : {OpType::Sum, OpType::ReduceMax, OpType::Mean}) {
+    for (DataType in : kAllTypes) {
+      Fusion f;
+      TensorView* x = f.newTensor(in, {4, 4});
+      const DataType out = ops::resultType(op, {x}, {});
+      for (bool row : {true, false}) {
+        cuda::ReductionVariant v;
+        v.row = row;
+        v.kept_ndim = row ? 1 : 2;
+        v.reduced_ndim = row ? 2 : 1;
+        SCOPED_TRACE(toString(op) + " " + toString(in) + "->" + toString(out) + (row ? " row" : " column"));
+        EXPECT_NO_THROW(compile(cuda::generateReductionSource(op, in, out, v, "reduce")));
+      }
+    }
+  }
+}
+
+TEST(NvrtcErrors, CompileErrorsCarryTheLog) {
+  try {
+    compile("extern \"C\" __global__ void broken() { undefined_thing(); }");
+    FAIL() << "expected a compile error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("undefined_thing"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshfuse
+#endif  // MESHFUSE_HAVE_CUDA
