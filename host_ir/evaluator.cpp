@@ -5,6 +5,7 @@
 
 #include "host_ir/comm_debug.h"
 #include "host_ir/comm_layout.h"
+#include "host_ir/stream_loop.h"
 #include "multidevice/communicator.h"
 #include "multidevice/debug_log.h"
 
@@ -16,6 +17,7 @@ namespace {
 struct InFlight {
   std::unique_ptr<Work> work;
   std::function<void()> finish;
+  double posted_us = 0;
 };
 
 class CommunicationRunner {
@@ -141,13 +143,24 @@ class CommunicationRunner {
 void HostIrEvaluator::run(ValueMap& values) {
   CommunicationRunner runner(hic_, values);
   std::vector<InFlight> in_flight(hic_.communications.size());
+  auto now = [this]() { return tracer_ ? tracer_->nowUs() : 0.0; };
   for (const Instruction& ins : hic_.program) {
     switch (ins.kind) {
-      case Instruction::Kind::LaunchSegment: executor_.run(hic_.segments[ins.index], values, hic_.local_shapes); break;
+      case Instruction::Kind::LaunchSegment: {
+        double begin = now();
+        const Segment& seg = hic_.segments[ins.index];
+        executor_.run(seg, values, hic_.local_shapes);
+        if (tracer_) tracer_->add(toString(seg.kind) + " " + seg.outputs.front()->name(), "compute", 0, begin, now());
+        break;
+      }
+      case Instruction::Kind::StreamForLoop:
+        runStreamLoop(hic_, hic_.loops[ins.index], values, executor_, params_, tracer_);
+        break;
       case Instruction::Kind::PostCommunication:
         if (debug::enabled(debug::Level::Info))
           debug::info(describePostedCommunication(hic_, hic_.communications[ins.index]));
         in_flight[ins.index] = runner.post(hic_.communications[ins.index]);
+        in_flight[ins.index].posted_us = now();
         break;
       case Instruction::Kind::Wait: {
         InFlight& f = in_flight[ins.index];
@@ -157,6 +170,10 @@ void HostIrEvaluator::run(ValueMap& values) {
           throw CommunicationTimeout(std::string(e.what()) + " [in " + hic_.communications[ins.index].toString() + "]");
         }
         f.finish();
+        if (tracer_) {
+          const Communication& c = hic_.communications[ins.index];
+          tracer_->add(toString(c.type) + " " + c.out->name(), "communication", 1, f.posted_us, now());
+        }
         f = InFlight{};
         break;
       }

@@ -4,14 +4,16 @@
 #pragma once
 #include "host_ir/fusion_executor.h"
 #include "host_ir/host_ir.h"
+#include "host_ir/trace.h"
 #include "runtime/segment.h"
 
 namespace meshfuse {
 
 class HostIrEvaluator {
  public:
-  HostIrEvaluator(const HostIrContainer& hic, HostIrEvaluatorParams params, SegmentExecutor& executor)
-      : hic_(hic), params_(std::move(params)), executor_(executor) {}
+  HostIrEvaluator(const HostIrContainer& hic, HostIrEvaluatorParams params, SegmentExecutor& executor,
+                  Tracer* tracer = nullptr)
+      : hic_(hic), params_(std::move(params)), executor_(executor), tracer_(tracer) {}
   // `values` holds the program's inputs; on return it also holds every value this rank computed.
   void run(ValueMap& values);
 
@@ -19,6 +21,7 @@ class HostIrEvaluator {
   const HostIrContainer& hic_;
   HostIrEvaluatorParams params_;
   SegmentExecutor& executor_;
+  Tracer* tracer_;
 };
 
 }  // namespace meshfuse

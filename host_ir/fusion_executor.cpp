@@ -8,6 +8,7 @@
 #include "host_ir/input_check.h"
 #include "host_ir/lower.h"
 #include "host_ir/timeout_policy.h"
+#include "host_ir/trace.h"
 #include "multidevice/communicator.h"
 #include "multidevice/debug_log.h"
 #include "multidevice/resharding.h"
@@ -53,6 +54,26 @@ std::string cacheKey(const InputSignature& sig, const MultiDeviceExecutorParams&
     os << "]";
   }
   return os.str();
+}
+
+// Rank 0 writes one trace with every rank's events (pid = rank).
+void writeTraceFromAllRanks(const Tracer& tracer, const std::string& path, Communicator* comm,
+                            std::chrono::milliseconds timeout) {
+  std::string mine = tracer.toJsonEvents(comm ? comm->rank() : 0);
+  if (!comm || comm->size() == 1) {
+    writeTrace(path, {mine});
+    return;
+  }
+  std::vector<int64_t> world(comm->size());
+  for (int64_t r = 0; r < comm->size(); ++r) world[r] = r;
+  // Equal-size contributions: agree on the longest, pad with spaces (valid JSON whitespace).
+  std::string len = std::to_string(mine.size());
+  len.resize(32, ' ');
+  size_t longest = 0;
+  for (const std::string& l : comm->allgatherBytes(world, len, timeout)) longest = std::max(longest, std::stoul(l));
+  mine.resize(longest, ' ');
+  std::vector<std::string> all = comm->allgatherBytes(world, mine, timeout);
+  if (comm->rank() == 0) writeTrace(path, all);
 }
 
 std::unique_ptr<SegmentExecutor> executorFor(Device device) {
@@ -126,8 +147,14 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   }
   HostIrEvaluatorParams eval_params = params.executor;
   eval_params.timeout = timeout;
+  program.hic->number_of_streams = eval_params.number_of_streams;
+  std::string trace_path = eval_params.trace_path;
+  if (const char* env = std::getenv("MESHFUSE_TRACE"); trace_path.empty() && env) trace_path = env;
+  if (!trace_path.empty() && multi && comm->size() > 1) comm->barrier();  // one time origin for all ranks
+  std::unique_ptr<Tracer> tracer = trace_path.empty() ? nullptr : std::make_unique<Tracer>();
   withTimeoutPolicy("while running the host program",
-                    [&] { HostIrEvaluator(*program.hic, eval_params, *program.executor).run(values); });
+                    [&] { HostIrEvaluator(*program.hic, eval_params, *program.executor, tracer.get()).run(values); });
+  if (tracer) writeTraceFromAllRanks(*tracer, trace_path, multi ? comm : nullptr, timeout);
 
   std::vector<Tensor> outputs;
   for (const Val* out : lowered.outputs()) {

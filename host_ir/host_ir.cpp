@@ -35,6 +35,23 @@ std::string Communication::toString() const {
   return os.str();
 }
 
+std::string StreamLoop::toString(const HostIrContainer& hic, int64_t streams) const {
+  std::ostringstream os;
+  const Communication& c = hic.communications[communication];
+  os << "ForLoop (i in 0.." << chunks << ", ParallelType::stream over " << streams << " streams) {\n";
+  if (kind == Kind::AllgatherThenMatmul) {
+    os << "    PostOnStream(i) " << c.toString() << "[chunk i]\n";
+    os << "    Wait(i)\n";
+    os << "    LaunchSegment(i) " << hic.segments[segment].toString() << "[chunk i]\n";
+  } else {
+    os << "    LaunchSegment(i) " << hic.segments[segment].toString() << "[chunk i]\n";
+    os << "    PostOnStream(i) " << c.toString() << "[chunk i]\n";
+    os << "    Wait(i - streams)\n";
+  }
+  os << "  }";
+  return os.str();
+}
+
 std::string HostIrContainer::toString() const {
   std::ostringstream os;
   os << "HostIrContainer (rank " << rank << ", " << device.toString() << ") {\n";
@@ -51,6 +68,7 @@ std::string HostIrContainer::toString() const {
            << ins.parts << " along axis " << ins.axis;
         break;
       case Instruction::Kind::LocalCopy: os << "  LocalCopy " << ins.out->name() << " = " << ins.in->name(); break;
+      case Instruction::Kind::StreamForLoop: os << "  " << loops[ins.index].toString(*this, number_of_streams); break;
     }
     if (ins.out || ins.kind == Instruction::Kind::LaunchSegment) {
       const TensorView* shown =

@@ -38,10 +38,22 @@ struct Communication {
 };
 std::string toString(Communication::Type t);
 
+// A host loop over `chunks` pieces of a matmul and the communication that feeds it or drains it,
+// pipelined so that chunk i's communication overlaps a neighbouring chunk's matmul
+// (ParallelType::stream). The communication template describes the whole tensors.
+struct StreamLoop {
+  enum class Kind : uint8_t { AllgatherThenMatmul, MatmulThenReduceScatter };
+  Kind kind = Kind::AllgatherThenMatmul;
+  int64_t chunks = 1;
+  int communication = -1;
+  int segment = -1;  // the matmul/linear segment (one expr)
+  std::string toString(const struct HostIrContainer& hic, int64_t streams) const;
+};
+
 struct Instruction {
-  enum class Kind : uint8_t { LaunchSegment, PostCommunication, Wait, LocalSlice, LocalCopy };
+  enum class Kind : uint8_t { LaunchSegment, PostCommunication, Wait, LocalSlice, LocalCopy, StreamForLoop };
   Kind kind = Kind::LaunchSegment;
-  int index = -1;  // segment or communication index
+  int index = -1;  // segment, communication or stream-loop index
   // LocalSlice: out = block `block` of `parts` of in along `axis`; LocalCopy: out = in.
   TensorView* in = nullptr;
   TensorView* out = nullptr;
@@ -56,7 +68,9 @@ class HostIrContainer {
   Device device;
   std::vector<Segment> segments;
   std::vector<Communication> communications;
+  std::vector<StreamLoop> loops;
   std::vector<Instruction> program;
+  int64_t number_of_streams = 1;
   ShapeMap local_shapes;
   std::string toString() const;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "multidevice/axis_map.h"
 #include "multidevice/communicator.h"
 #include "multidevice/resharding.h"
 #include "multidevice/sharding.h"
@@ -72,15 +73,98 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
                       "' is not available in this build; available: " + available);
     }
   }
+  findStreamLoops(fusion, shapes);
   for (Expr* e : fusion.liveExprs()) {
-    if (isResharding(e))
+    if (auto plan = loop_at_.find(e); plan != loop_at_.end()) {
+      lowerStreamLoop(plan->second.matmul, plan->second.set, plan->second.kind);
+      hic_->loops.back().chunks = plan->second.chunks;
+    } else if (absorbed_.count(e)) {
+      continue;
+    } else if (isResharding(e)) {
       lowerResharding(e);
-    else
+    } else {
       lowerCompute(e);
+    }
   }
   finishSegments(fusion);
   placeWaits();
   return std::move(hic_);
+}
+
+namespace {
+bool isMatmul(const Expr* e) { return e->op() == OpType::Matmul || e->op() == OpType::Linear; }
+
+// The mesh dim a same-mesh resharding set changes, or -1.
+int reshardedDim(const Expr* set) {
+  if (!isResharding(set) || set->inputTv(0)->deviceMesh() != set->out()->deviceMesh()) return -1;
+  return differingDim(shardingOf(set->inputTv(0)), shardingOf(set->out()));
+}
+
+void checkChunks(const TensorView* tv, int64_t local_rows, int64_t chunks) {
+  if (chunks <= 0 || local_rows % chunks != 0)
+    throw UserError(tv->name() + ": the stream split into " + std::to_string(chunks) + " chunks does not divide the " +
+                    std::to_string(local_rows) + " rows each device holds along axis 0");
+}
+}  // namespace
+
+// Finds allgather -> matmul and matmul -> reduce-scatter pairs whose result is stream-parallel on
+// axis 0: they become one pipelined loop instead of a communication and a launch.
+void HostIrLower::findStreamLoops(const Fusion& fusion, const GlobalShapes& shapes) {
+  loop_at_.clear();
+  absorbed_.clear();
+  const int64_t rank = hic_->rank;
+  for (Expr* e : fusion.liveExprs()) {
+    if (!isMatmul(e) || !onThisRank(e->out(), rank)) continue;
+    TensorView* out = e->out();
+    // Allgather of the first operand along the rows, then the matmul.
+    TensorView* x = e->inputTv(0);
+    const Expr* gather = x->definition();
+    if (out->streamAxis() == 0 && gather && x->uses().size() == 1 && !fusion.isOutput(x) && x->ndim() >= 2) {
+      int d = reshardedDim(gather);
+      Sharding ps = d >= 0 ? shardingOf(gather->inputTv(0)) : Sharding{};
+      if (d >= 0 && ps.axis[d] == 0 && shardingOf(x).axis[d] < 0 && !ps.partial[d] && inputToOutputAxes(e, 0)[0] == 0) {
+        int64_t chunks = out->streamChunks(shapes.at(out)[0]);
+        checkChunks(out, hic_->local_shapes.at(gather->inputTv(0))[0], chunks);
+        loop_at_[e] = {e, gather, StreamLoop::Kind::AllgatherThenMatmul, chunks};
+        absorbed_[gather] = true;
+        continue;
+      }
+    }
+    // The matmul's Partial result reduce-scattered along the rows.
+    if (out->isPartial() && out->uses().size() == 1 && e->inputTv(0)->ndim() >= 2 && inputToOutputAxes(e, 0)[0] == 0) {
+      const Expr* scatter = out->uses()[0];
+      int d = reshardedDim(scatter);
+      TensorView* y = scatter->out();
+      if (d >= 0 && shardingOf(y).axis[d] == 0 && y->streamAxis() == 0) {
+        int64_t chunks = y->streamChunks(shapes.at(y)[0]);
+        checkChunks(y, hic_->local_shapes.at(y)[0], chunks);
+        loop_at_[scatter] = {e, scatter, StreamLoop::Kind::MatmulThenReduceScatter, chunks};
+        absorbed_[e] = true;
+      }
+    }
+  }
+}
+
+void HostIrLower::lowerStreamLoop(const Expr* matmul, const Expr* set, StreamLoop::Kind kind) {
+  size_t before = hic_->communications.size();
+  size_t program_size = hic_->program.size();
+  lowerResharding(set);  // builds the Communication template (and posts it: undone below)
+  if (hic_->communications.size() != before + 1) throw std::logic_error("stream loop: expected one communication");
+  hic_->program.resize(program_size);
+  Segment seg;
+  seg.kind = Segment::Kind::Matmul;
+  seg.exprs.push_back(matmul);
+  hic_->segments.push_back(std::move(seg));
+  StreamLoop loop;
+  loop.kind = kind;
+  loop.communication = static_cast<int>(before);
+  loop.segment = static_cast<int>(hic_->segments.size()) - 1;
+  hic_->loops.push_back(loop);
+  Instruction ins;
+  ins.kind = Instruction::Kind::StreamForLoop;
+  ins.index = static_cast<int>(hic_->loops.size()) - 1;
+  hic_->program.push_back(ins);
+  open_pointwise_ = -1;
 }
 
 void HostIrLower::lowerCompute(const Expr* e) {
@@ -271,6 +355,11 @@ void HostIrLower::placeWaits() {
       case Instruction::Kind::PostCommunication: return hic_->communications[ins.index].in == tv;
       case Instruction::Kind::LocalSlice:
       case Instruction::Kind::LocalCopy: return ins.in == tv;
+      case Instruction::Kind::StreamForLoop: {
+        const StreamLoop& loop = hic_->loops[ins.index];
+        const auto& in = hic_->segments[loop.segment].inputs;
+        return hic_->communications[loop.communication].in == tv || std::find(in.begin(), in.end(), tv) != in.end();
+      }
       default: return false;
     }
   };

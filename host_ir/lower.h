@@ -20,6 +20,8 @@ class HostIrLower {
                                          Device device);
 
  private:
+  void findStreamLoops(const Fusion& fusion, const GlobalShapes& shapes);
+  void lowerStreamLoop(const Expr* matmul, const Expr* set, StreamLoop::Kind kind);
   void lowerCompute(const Expr* e);
   void lowerResharding(const Expr* e);
   void finishSegments(const Fusion& fusion);
@@ -28,6 +30,16 @@ class HostIrLower {
   CommunicatorBackend backend_ = CommunicatorBackend::Mpi;
   std::unique_ptr<HostIrContainer> hic_;
   int open_pointwise_ = -1;  // the pointwise segment the next pointwise expr may join
+  // Stream-parallel pairs found by findStreamLoops: the expr at which the loop is emitted, the
+  // matmul and the resharding set it absorbs.
+  struct LoopPlan {
+    const Expr* matmul;
+    const Expr* set;
+    StreamLoop::Kind kind;
+    int64_t chunks;
+  };
+  std::unordered_map<const Expr*, LoopPlan> loop_at_;
+  std::unordered_map<const Expr*, bool> absorbed_;
 };
 
 // Forward shape inference over `fusion` from the inputs' global shapes; UserError on a mismatch.

@@ -35,15 +35,26 @@ void TensorView::split(int64_t loop_axis, int64_t factor, bool inner_split) {
                     std::to_string(loop_.size()) + " axes");
   if (factor <= 0) throw UserError(name() + ": split factor must be positive, got " + std::to_string(factor));
   LoopAxis& a = loop_[loop_axis];
-  if (a.part != LoopAxis::Part::Whole)
-    throw UserError(name() + ": loop axis " + std::to_string(loop_axis) + " is already the result of a split");
+  // A whole axis can be split, and so can the inner part of a first split (e.g. the device-local
+  // extent of a sharded axis, to chunk it over streams); nothing deeper.
+  if (a.part == LoopAxis::Part::Outer || a.level > 0)
+    throw UserError(name() + ": loop axis " + std::to_string(loop_axis) +
+                    " cannot be split again (split a whole axis or the inner part of a split)");
   int64_t extent = shape_[a.logical];
+  if (a.part == LoopAxis::Part::Inner && extent >= 0) extent = a.outer_split ? extent / a.factor : a.factor;
   // Divisibility of symbolic extents is checked when they are bound.
   if (extent >= 0 && extent % factor != 0)
     throw UserError(name() + ": axis " + std::to_string(a.logical) + " of extent " + std::to_string(extent) +
                     " does not split evenly by " + std::to_string(factor));
   LoopAxis outer{a.logical, LoopAxis::Part::Outer, factor, !inner_split};
   LoopAxis inner{a.logical, LoopAxis::Part::Inner, factor, !inner_split};
+  if (a.part == LoopAxis::Part::Inner) {
+    for (LoopAxis* part : {&outer, &inner}) {
+      part->level = 1;
+      part->parent_factor = a.factor;
+      part->parent_outer_split = a.outer_split;
+    }
+  }
   loop_[loop_axis] = outer;
   loop_.insert(loop_.begin() + loop_axis + 1, inner);
 }
@@ -56,10 +67,12 @@ void TensorView::parallelize(int64_t loop_axis, ParallelType p) {
   LoopAxis& a = loop_[loop_axis];
   if (p != ParallelType::Serial) {
     if (a.part == LoopAxis::Part::Inner)
-      throw UserError(name() + ": only the outer part of a split (or a whole axis) can be parallelized on " + toString(p));
+      throw UserError(name() + ": only the outer part of a split (or a whole axis) can be parallelized on " +
+                      toString(p));
+    if (isMeshParallel(p) && a.level > 0)
+      throw UserError(name() + ": a mesh dimension must parallelize a first-level split of a logical axis");
     for (const LoopAxis& other : loop_)
-      if (&other != &a && other.parallel == p)
-        throw UserError(name() + ": two axes parallelized on " + toString(p));
+      if (&other != &a && other.parallel == p) throw UserError(name() + ": two axes parallelized on " + toString(p));
   }
   a.parallel = p;
 }
@@ -74,14 +87,18 @@ int64_t TensorView::partsAlong(ParallelType p, int64_t logical_extent) const {
   for (const LoopAxis& a : loop_) {
     if (a.parallel != p) continue;
     if (a.part == LoopAxis::Part::Whole) return logical_extent;
-    return a.outer_split ? a.factor : logical_extent / a.factor;
+    int64_t base = logical_extent;
+    if (a.level > 0) base = a.parent_outer_split ? logical_extent / a.parent_factor : a.parent_factor;
+    return a.outer_split ? a.factor : base / a.factor;
   }
   return 1;
 }
 
 int TensorView::streamAxis() const { return shardedAxis(ParallelType::Stream); }
 
-int64_t TensorView::streamChunks(int64_t logical_extent) const { return partsAlong(ParallelType::Stream, logical_extent); }
+int64_t TensorView::streamChunks(int64_t logical_extent) const {
+  return partsAlong(ParallelType::Stream, logical_extent);
+}
 
 bool TensorView::isSharded() const {
   return std::any_of(loop_.begin(), loop_.end(), [](const LoopAxis& a) { return isMeshParallel(a.parallel); });
@@ -183,7 +200,8 @@ std::string Expr::toString() const {
 }
 
 TensorView* Fusion::newTensor(DataType dtype, std::vector<int64_t> shape, std::vector<bool> contiguity) {
-  auto tv = std::make_unique<TensorView>(this, static_cast<int>(vals_.size()), dtype, std::move(shape), std::move(contiguity));
+  auto tv = std::make_unique<TensorView>(this, static_cast<int>(vals_.size()), dtype, std::move(shape),
+                                         std::move(contiguity));
   TensorView* raw = tv.get();
   vals_.push_back(std::move(tv));
   return raw;
@@ -198,8 +216,10 @@ Scalar* Fusion::newScalar(DataType dtype, std::optional<double> value) {
 
 Expr* Fusion::newExpr(OpType op, std::vector<Val*> inputs, std::vector<Val*> outputs, ExprAttributes attrs) {
   for (Val* v : inputs)
-    if (!owns(v)) throw UserError(meshfuse::toString(op) + ": operand " + (v ? v->name() : "None") + " belongs to another fusion");
-  auto e = std::make_unique<Expr>(static_cast<int>(exprs_.size()), op, std::move(inputs), std::move(outputs), std::move(attrs));
+    if (!owns(v))
+      throw UserError(meshfuse::toString(op) + ": operand " + (v ? v->name() : "None") + " belongs to another fusion");
+  auto e = std::make_unique<Expr>(static_cast<int>(exprs_.size()), op, std::move(inputs), std::move(outputs),
+                                  std::move(attrs));
   Expr* raw = e.get();
   for (Val* v : raw->inputs()) v->uses_.push_back(raw);
   for (Val* v : raw->outputs()) v->definition_ = raw;
@@ -214,7 +234,8 @@ void Fusion::addInput(Val* v) {
 }
 
 void Fusion::addOutput(Val* v) {
-  if (!owns(v)) throw UserError("add_output: " + (v ? v->name() : std::string("None")) + " is not a tensor of this fusion");
+  if (!owns(v))
+    throw UserError("add_output: " + (v ? v->name() : std::string("None")) + " is not a tensor of this fusion");
   if (!v->isTensor()) throw UserError("add_output: " + v->name() + " is a scalar; outputs are tensors");
   if (!isOutput(v)) outputs_.push_back(v);
 }

@@ -64,11 +64,15 @@ class Scalar : public Val {
 // inner part: outer_split(a, n) makes the outer part n long, split(a, n) makes the inner part n long.
 struct LoopAxis {
   enum class Part : uint8_t { Whole, Outer, Inner };
-  int logical = 0;             // the logical axis it comes from
+  int logical = 0;  // the logical axis it comes from
   Part part = Part::Whole;
-  int64_t factor = 0;          // the split's given extent (0 when whole)
-  bool outer_split = false;    // whether `factor` is the outer part's extent
+  int64_t factor = 0;        // the split's given extent (0 when whole)
+  bool outer_split = false;  // whether `factor` is the outer part's extent
   ParallelType parallel = ParallelType::Serial;
+  // 1 for the parts of a split of an inner part (e.g. a stream split of a device-local extent).
+  int level = 0;
+  int64_t parent_factor = 0;
+  bool parent_outer_split = false;
 };
 
 class TensorView : public Val {
@@ -115,11 +119,34 @@ class TensorView : public Val {
 
 enum class OpType : uint8_t {
   // unary
-  Neg, Abs, Exp, Log, Sqrt, Relu, Sigmoid, Tanh, Gelu,
+  Neg,
+  Abs,
+  Exp,
+  Log,
+  Sqrt,
+  Relu,
+  Sigmoid,
+  Tanh,
+  Gelu,
   // binary
-  Add, Sub, Mul, Div, Max, Min, Pow,
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Max,
+  Min,
+  Pow,
   // others
-  Cast, Set, Sum, ReduceMax, Mean, BroadcastInDim, Reshape, Permute, Matmul, Linear,
+  Cast,
+  Set,
+  Sum,
+  ReduceMax,
+  Mean,
+  BroadcastInDim,
+  Reshape,
+  Permute,
+  Matmul,
+  Linear,
 };
 std::string toString(OpType op);
 bool isUnary(OpType op);
@@ -145,7 +172,7 @@ class Expr {
   const std::vector<Val*>& inputs() const { return inputs_; }
   const std::vector<Val*>& outputs() const { return outputs_; }
   Val* input(size_t i) const { return inputs_.at(i); }
-  TensorView* out() const;  // the single TensorView result
+  TensorView* out() const;              // the single TensorView result
   TensorView* inputTv(size_t i) const;  // nullptr when input i is a scalar
   const ExprAttributes& attrs() const { return attrs_; }
   std::string toString() const;

@@ -352,6 +352,17 @@ class ReshardingPass {
     } else {
       result = lowerCompute(e, inputs, mesh, target);
     }
+    // Stream splits ride on the final tensor: HostIrLower turns them into a pipelined loop.
+    if (orig_out->streamAxis() >= 0 && result->deviceMesh() == orig_out->deviceMesh() &&
+        shardingOf(result) == shardingOf(orig_out))
+      result->setLoop(orig_out->loop());
+    // ... and on the communication's result a bias add was split from (row-parallel linear + bias).
+    if (orig_out->streamAxis() >= 0 && result->definition() && isPointwise(result->definition()->op())) {
+      TensorView* producer = result->definition()->inputTv(0);
+      if (producer && producer->deviceMesh() == result->deviceMesh() && shardingOf(producer) == shardingOf(result) &&
+          producer->shape() == result->shape() && producer->definition() && isResharding(producer->definition()))
+        producer->setLoop(orig_out->loop());
+    }
     map_[orig_out->id()] = result;
   }
 
