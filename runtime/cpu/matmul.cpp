@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "runtime/cpu/convert.h"
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/strided_space.h"
 
@@ -62,11 +63,11 @@ void gemm(const BlasLayout& la, const BlasLayout& lb, int64_t m, int64_t n, int6
   }
 }
 
-Tensor matrixReady(Tensor t, DataType compute) {
-  if (t.dtype() != compute) t = t.to(compute);
+Tensor matrixReady(const Tensor& t, DataType compute) {
   const int64_t r = t.dim();
-  if (!blasLayout(t.size(r - 2), t.size(r - 1), t.strides()[r - 2], t.strides()[r - 1])) t = t.contiguous();
-  return t;
+  if (t.dtype() == compute && blasLayout(t.size(r - 2), t.size(r - 1), t.strides()[r - 2], t.strides()[r - 1]))
+    return t;
+  return convertToContiguous(t, compute);
 }
 
 std::vector<int64_t> batchShape(const Tensor& t) { return {t.shape().begin(), t.shape().end() - 2}; }
@@ -141,7 +142,7 @@ void matmulInto(Tensor a, Tensor b, const Tensor* bias, Tensor& out) {
     if (bias) {
       // Preload every row of C with the bias and let gemm accumulate onto it (beta = 1).
       const int64_t n = b.size(b.dim() - 1), rows = n ? c.numel() / n : 0;
-      Tensor bv = bias->to(compute).contiguous();
+      Tensor bv = convertToContiguous(*bias, compute);
       const T* pbias = bv.dataAs<const T>();
       const bool scalar_bias = bv.numel() == 1;
       for (int64_t r = 0; r < rows; ++r)
@@ -155,7 +156,7 @@ void matmulInto(Tensor a, Tensor b, const Tensor* bias, Tensor& out) {
     run(0.0);
   else
     run(int64_t{0});
-  if (c.storage() != out.storage()) out.copyFrom(c);
+  if (c.storage() != out.storage()) out = convertToContiguous(c, out.dtype());
 }
 
 // A 2-D view of t with the given shape and strides (no copy).

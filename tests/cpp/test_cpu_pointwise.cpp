@@ -208,7 +208,7 @@ TEST(CpuPointwise, StridedPermutedAndBroadcastInputs) {
 TEST(CpuPointwise, FusedChainWithSharedIntermediate) {
   for (DataType dt : kFloatTypes) {
     Fusion f;
-    TensorView* x = input(f, dt, {1000, 1031});  // many tiles, odd tail, several threads
+    TensorView* x = input(f, dt, {300, 1031});  // many tiles, odd tail, several threads
     TensorView* y = input(f, dt, {1031});
     TensorView* t = ops::binary(OpType::Mul, x, y);  // used three times below
     TensorView* u = ops::unary(OpType::Tanh, t);
