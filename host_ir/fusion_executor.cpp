@@ -164,6 +164,15 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   return outputs;
 }
 
+void FusionExecutorCache::reportInputError(const std::string& error, const MultiDeviceExecutorParams& params) {
+  if (isMultiDevice(*fusion_) && Communicator::instance().size() > 1) {
+    const auto timeout = effectiveTimeout(params.executor);
+    withTimeoutPolicy("in execute's input agreement over the world (backend mpi)",
+                      [&] { return agreeOnInputs(*fusion_, nullptr, error, timeout); });
+  }
+  throw UserError(error);
+}
+
 std::string FusionExecutorCache::lastHostIr() const { return last_ ? last_->hic->toString() : ""; }
 
 std::string FusionExecutorCache::lastLoweredFusion() const { return last_ ? last_->resharded.fusion->toString() : ""; }

@@ -42,6 +42,10 @@ class FusionExecutorCache {
   ~FusionExecutorCache();
   // One tensor per fusion output, undefined where that output does not live on this rank.
   std::vector<Tensor> execute(const std::vector<Argument>& inputs, const MultiDeviceExecutorParams& params = {});
+  // For front ends that check inputs before calling execute(): a rank whose inputs failed such a
+  // check calls this instead, so the other ranks (waiting in execute's input agreement) fail too,
+  // with a message naming this rank, instead of waiting for it. Throws UserError(error) here.
+  void reportInputError(const std::string& error, const MultiDeviceExecutorParams& params = {});
   // The host program (this rank's) of the last execution, or "" before the first.
   std::string lastHostIr() const;
   // The fusion after sharding propagation and resharding insertion, of the last execution.
