@@ -63,7 +63,11 @@ void bindExecutor(py::module_& m) {
       .def_readwrite("executor", &MultiDeviceExecutorParams::executor);
 
   py::class_<FusionExecutorCache>(m, "FusionExecutorCache")
-      .def(py::init<std::shared_ptr<Fusion>>(), py::arg("fusion"))
+      .def(py::init([](std::shared_ptr<Fusion> fusion) {
+             if (!fusion) throw UserError("FusionExecutorCache: expected a Fusion, got None");
+             return std::make_unique<FusionExecutorCache>(std::move(fusion));
+           }),
+           py::arg("fusion"))
       .def("execute", &execute, py::arg("inputs"), py::arg("params") = MultiDeviceExecutorParams{},
            "Runs the fusion on this rank's inputs; one Tensor (or None off its mesh) per output")
       .def("last_host_ir", &FusionExecutorCache::lastHostIr)

@@ -1,9 +1,8 @@
 // Bindings of the IR (ir/ir.h) and the ops that build it (ops/ops.h).
 //
 // Ownership: a Fusion is held by std::shared_ptr (FusionExecutorCache shares it); its Vals are owned
-// by the Fusion and exposed without a deleter. Every function returning a Val keeps its first
-// argument alive (keep_alive<0, 1>): a Val's Python object keeps the Fusion (or an earlier Val of
-// it, and so on back to the Fusion) alive, so no Python object can outlive the memory it points to.
+// by the Fusion and exposed without a deleter. Every Val handed to Python keeps its Fusion's Python
+// object alive (toPython), so no Python object can outlive the memory it points to.
 #include <pybind11/stl.h>
 
 #include <sstream>
@@ -21,11 +20,29 @@ namespace {
 template <typename T>
 using NoDelete = std::unique_ptr<T, py::nodelete>;
 
+// The Python object of a Val's Fusion (the one Python created; pybind11 finds it by address).
+py::object fusionObject(const Val* v) { return py::cast(v->fusion(), py::return_value_policy::reference); }
+
+// A Val for Python, tied to its Fusion's lifetime. (Not py::keep_alive<0, 1>: pybind11 3.1 runs that
+// policy even when argument conversion failed, on its "try the next overload" sentinel, and crashes.)
+py::object toPython(Val* v) {
+  py::object o = py::cast(v, py::return_value_policy::reference);
+  py::detail::keep_alive_impl(o, fusionObject(v));
+  return o;
+}
+
+// Wraps an op so that its result goes through toPython.
+template <typename... Args>
+auto owned(TensorView* (*op)(Args...)) {
+  return [op](Args... args) { return toPython(op(std::forward<Args>(args)...)); };
+}
+
 // tv.axis(i): one axis of a TensorView's loop domain, so that `tv.axis(0).parallelize(p)` reads as
 // in nvFuser. It refers to the TensorView (kept alive by the Python object) by index.
 struct LoopAxisRef {
   TensorView* tv;
   int64_t index;
+  py::object fusion;  // keeps tv's Fusion alive
 
   const LoopAxis& axis() const {
     if (index >= static_cast<int64_t>(tv->loop().size()))
@@ -50,7 +67,7 @@ LoopAxisRef axisOf(TensorView* tv, int64_t i) {
   if (index < 0 || index >= n)
     throw UserError(tv->name() + ": axis(" + std::to_string(i) + ") but the loop domain " + tv->loopToString() +
                     " has " + std::to_string(n) + " axes");
-  return {tv, index};
+  return {tv, index, fusionObject(tv)};
 }
 
 void bindEnums(py::module_& m) {
@@ -105,7 +122,7 @@ void bindVals(py::module_& m) {
       .def("split", &TensorView::split, py::arg("axis"), py::arg("factor"), py::arg("inner_split") = true)
       .def("outer_split", &TensorView::outerSplit, py::arg("axis"), py::arg("parts"))
       .def("parallelize", &TensorView::parallelize, py::arg("axis"), py::arg("parallel_type"))
-      .def("axis", &axisOf, py::arg("index"), py::keep_alive<0, 1>())
+      .def("axis", &axisOf, py::arg("index"))
       .def_property_readonly("num_loop_axes", [](const TensorView& tv) { return tv.loop().size(); })
       .def_property_readonly("loop", &TensorView::loopToString)
       .def("sharded_axis", &TensorView::shardedAxis, py::arg("parallel_type"),
@@ -122,29 +139,36 @@ void bindVals(py::module_& m) {
       });
 }
 
-// A list of a fusion's Vals, each of which keeps the fusion's Python object alive.
-py::list valsOf(const std::vector<Val*>& vals, py::handle fusion) {
+Val* notNone(Val* v, const char* what) {
+  if (v == nullptr) throw UserError(std::string(what) + ": expected a TensorView or Scalar, got None");
+  return v;
+}
+
+py::list valsOf(const std::vector<Val*>& vals) {
   py::list out;
-  for (Val* v : vals) {
-    py::object o = py::cast(v, py::return_value_policy::reference);
-    py::detail::keep_alive_impl(o, fusion);
-    out.append(o);
-  }
+  for (Val* v : vals) out.append(toPython(v));
   return out;
 }
 
 void bindFusion(py::module_& m) {
-  constexpr auto ref = py::return_value_policy::reference;
   py::class_<Fusion, std::shared_ptr<Fusion>>(m, "Fusion")
       .def(py::init<>())
-      .def("new_tensor", &Fusion::newTensor, py::arg("dtype"), py::arg("shape"),
-           py::arg("contiguity") = std::vector<bool>{}, ref, py::keep_alive<0, 1>())
-      .def("new_scalar", &Fusion::newScalar, py::arg("dtype"), py::arg("value") = py::none(), ref,
-           py::keep_alive<0, 1>())
-      .def("add_input", &Fusion::addInput, py::arg("val"))
-      .def("add_output", &Fusion::addOutput, py::arg("val"))
-      .def("inputs", [](py::object self) { return valsOf(self.cast<const Fusion&>().inputs(), self); })
-      .def("outputs", [](py::object self) { return valsOf(self.cast<const Fusion&>().outputs(), self); })
+      .def(
+          "new_tensor",
+          [](Fusion& f, DataType dtype, std::vector<int64_t> shape, std::vector<bool> contiguity) {
+            return toPython(f.newTensor(dtype, std::move(shape), std::move(contiguity)));
+          },
+          py::arg("dtype"), py::arg("shape"), py::arg("contiguity") = std::vector<bool>{})
+      .def(
+          "new_scalar",
+          [](Fusion& f, DataType dtype, std::optional<double> value) { return toPython(f.newScalar(dtype, value)); },
+          py::arg("dtype"), py::arg("value") = py::none())
+      .def(
+          "add_input", [](Fusion& f, Val* v) { f.addInput(notNone(v, "add_input")); }, py::arg("val"))
+      .def(
+          "add_output", [](Fusion& f, Val* v) { f.addOutput(notNone(v, "add_output")); }, py::arg("val"))
+      .def("inputs", [](const Fusion& f) { return valsOf(f.inputs()); })
+      .def("outputs", [](const Fusion& f) { return valsOf(f.outputs()); })
       .def(
           "owns", [](const Fusion& f, const Val* v) { return f.owns(v); }, py::arg("val"))
       .def("is_input", &Fusion::isInput, py::arg("val"))
@@ -155,8 +179,6 @@ void bindFusion(py::module_& m) {
 
 void bindOps(py::module_& m) {
   py::module_ ops = m.def_submodule("ops", "Ops that append one expression to their operands' fusion");
-  constexpr auto ref = py::return_value_policy::reference;
-  auto keep = py::keep_alive<0, 1>();
 
   const std::pair<const char*, OpType> unary_ops[] = {
       {"neg", OpType::Neg},         {"abs", OpType::Abs},   {"exp", OpType::Exp},
@@ -164,40 +186,39 @@ void bindOps(py::module_& m) {
       {"sigmoid", OpType::Sigmoid}, {"tanh", OpType::Tanh}, {"gelu", OpType::Gelu}};
   for (const auto& [name, op] : unary_ops)
     ops.def(
-        name, [op = op](TensorView* x) { return ops::unary(op, x); }, py::arg("x"), ref, keep);
+        name, [op = op](TensorView* x) { return toPython(ops::unary(op, x)); }, py::arg("x"));
 
   const std::pair<const char*, OpType> binary_ops[] = {
       {"add", OpType::Add},     {"sub", OpType::Sub},     {"mul", OpType::Mul}, {"div", OpType::Div},
       {"maximum", OpType::Max}, {"minimum", OpType::Min}, {"pow", OpType::Pow}};
   for (const auto& [name, op] : binary_ops)
     ops.def(
-        name, [op = op](Val* a, Val* b) { return ops::binary(op, a, b); }, py::arg("a"), py::arg("b"), ref, keep);
+        name, [op = op](Val* a, Val* b) { return toPython(ops::binary(op, a, b)); }, py::arg("a"), py::arg("b"));
 
-  ops.def("cast", &ops::cast, py::arg("x"), py::arg("dtype"), ref, keep);
-  ops.def("set", &ops::set, py::arg("x"), ref, keep);
+  ops.def("cast", owned(&ops::cast), py::arg("x"), py::arg("dtype"));
+  ops.def("set", owned(&ops::set), py::arg("x"));
   const std::pair<const char*, OpType> reductions[] = {
       {"sum", OpType::Sum}, {"max", OpType::ReduceMax}, {"mean", OpType::Mean}};
   for (const auto& [name, op] : reductions)
     ops.def(
         name,
         [op = op](TensorView* x, std::vector<int64_t> axes, bool keepdim) {
-          return ops::reduction(op, x, std::move(axes), keepdim);
+          return toPython(ops::reduction(op, x, std::move(axes), keepdim));
         },
-        py::arg("x"), py::arg("axes"), py::arg("keepdim") = false, ref, keep);
-  ops.def("broadcast_in_dim", &ops::broadcastInDim, py::arg("x"), py::arg("shape"), py::arg("broadcast_dims"), ref,
-          keep);
-  ops.def("reshape", &ops::reshape, py::arg("x"), py::arg("new_shape"), ref, keep);
-  ops.def("permute", &ops::permute, py::arg("x"), py::arg("dims"), ref, keep);
-  ops.def("matmul", &ops::matmul, py::arg("a"), py::arg("b"), ref, keep);
-  ops.def("linear", &ops::linear, py::arg("x"), py::arg("weight"), py::arg("bias") = nullptr, ref, keep);
+        py::arg("x"), py::arg("axes"), py::arg("keepdim") = false);
+  ops.def("broadcast_in_dim", owned(&ops::broadcastInDim), py::arg("x"), py::arg("shape"), py::arg("broadcast_dims"));
+  ops.def("reshape", owned(&ops::reshape), py::arg("x"), py::arg("new_shape"));
+  ops.def("permute", owned(&ops::permute), py::arg("x"), py::arg("dims"));
+  ops.def("matmul", owned(&ops::matmul), py::arg("a"), py::arg("b"));
+  ops.def("linear", owned(&ops::linear), py::arg("x"), py::arg("weight"), py::arg("bias") = nullptr);
   // A constant in the fusion of `owner` (for Python numbers used as operands).
   ops.def(
       "constant",
       [](const Val* owner, double value, DataType dtype) {
         if (owner == nullptr) throw UserError("constant: owner is None");
-        return owner->fusion()->newScalar(dtype, value);
+        return toPython(owner->fusion()->newScalar(dtype, value));
       },
-      py::arg("owner"), py::arg("value"), py::arg("dtype"), ref, keep);
+      py::arg("owner"), py::arg("value"), py::arg("dtype"));
 }
 
 }  // namespace

@@ -1,0 +1,294 @@
+"""Every user mistake is a Python exception of the right type whose message names the tensor and
+says what was expected and what was given; none of them can crash the interpreter."""
+import re
+
+import numpy as np
+import pytest
+
+from meshfuse import CommunicationTimeout, CommunicatorBackend, DataType, FusionDefinition, ParallelType, _C
+from meshfuse.multidevice import DeviceMesh
+
+
+@pytest.fixture
+def linear_fd():
+    """T0 [-1, 8] Float (contiguous), T1 [4, 8] Float; output relu(linear(T0, T1))."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 8], DataType.Float, contiguity=True)
+        w = fd.define_tensor([4, 8], DataType.Float, contiguity=True)
+        fd.add_output(fd.ops.relu(fd.ops.linear(x, w)))
+    return fd
+
+
+def _x():
+    return np.ones((3, 8), np.float32)
+
+
+def _w():
+    return np.ones((4, 8), np.float32)
+
+
+def _raises(exc_type, *fragments):
+    """pytest.raises checking that every fragment appears in the message."""
+    return pytest.raises(exc_type, match="(?s)" + "".join(f"(?=.*{re.escape(f)})" for f in fragments))
+
+
+# ---- execute() inputs, checked in Python before any C++ runs ------------------------------------
+
+def test_wrong_number_of_inputs(linear_fd):
+    with _raises(ValueError, "expected 2 inputs (T0, T1)", "got 1"):
+        linear_fd.execute([_x()])
+    with _raises(ValueError, "expected 2 inputs", "got 3"):
+        linear_fd.execute([_x(), _w(), _w()])
+
+
+def test_inputs_not_a_list(linear_fd):
+    with _raises(TypeError, "list or tuple", "ndarray"):
+        linear_fd.execute(_x())
+
+
+@pytest.mark.parametrize("bad,type_name", [([[1.0] * 8] * 3, "list"), (3.0, "float"), ("x", "str")])
+def test_not_a_tensor(linear_fd, bad, type_name):
+    with _raises(TypeError, "T0", "expected a tensor", "got " + type_name):
+        linear_fd.execute([bad, _w()])
+
+
+def test_wrong_dtype(linear_fd):
+    with _raises(TypeError, "T1", "expected dtype Float", "Double (float64)"):
+        linear_fd.execute([_x(), _w().astype(np.float64)])
+
+
+def test_unsupported_dtype(linear_fd):
+    with _raises(TypeError, "T0", "dtype uint8 is not supported", "expected Float"):
+        linear_fd.execute([_x().astype(np.uint8), _w()])
+
+
+def test_bfloat16_input_from_numpy_explains_why():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], DataType.BFloat16)
+        fd.add_output(fd.ops.cast(x, DataType.Float))
+    with _raises(TypeError, "T0", "expected dtype BFloat16", "numpy has no bfloat16"):
+        fd.execute([np.ones(4, np.float32)])
+
+
+def test_bfloat16_output_to_numpy_is_refused_before_running():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1])
+        fd.add_output(fd.ops.cast(x, DataType.BFloat16))
+    with _raises(TypeError, "T1", "BFloat16 output", "numpy"):
+        fd.execute([np.ones(4, np.float32)])
+    assert fd.num_cached_programs() == 0
+
+
+def test_wrong_rank(linear_fd):
+    with _raises(ValueError, "T0", "expected 2 dimensions", "got 3", "[2, 3, 8]"):
+        linear_fd.execute([np.ones((2, 3, 8), np.float32), _w()])
+
+
+def test_non_contiguous_where_the_definition_says_contiguous(linear_fd):
+    x = np.ones((8, 3), np.float32).T  # shape (3, 8), strides (1, 3)
+    with _raises(ValueError, "T0", "contiguous", "strides [1, 3]", "shape [3, 8]"):
+        linear_fd.execute([x, _w()])
+
+
+def test_per_axis_contiguity():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=[False, True])  # rows may be padded, not elements
+        fd.add_output(fd.ops.neg(x))
+    padded = np.arange(24, dtype=np.float32).reshape(4, 6)[:, :4]  # strides (6, 1)
+    (out,) = fd.execute([padded])
+    np.testing.assert_array_equal(out, -padded)
+    with _raises(ValueError, "T0", "axis 1 is contiguous", "strides [1, 3]"):
+        fd.execute([np.ones((3, 4), np.float32, order="F")])
+
+
+def test_none_for_an_input_this_rank_holds(linear_fd):
+    with _raises(ValueError, "T0", "expected a tensor, got None", "no mesh"):
+        linear_fd.execute([None, _w()])
+
+
+def test_scalar_input_given_an_array():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1])
+        s = fd.define_scalar(dtype=DataType.Double)
+        fd.add_output(fd.ops.mul(x, s))
+    with _raises(TypeError, "S1", "expected a number", "numpy.ndarray"):
+        fd.execute([np.ones(3, np.float32), np.ones(3)])
+
+
+# ---- extents: checked by the C++ executor, which knows the shardings ----------------------------
+
+def test_extent_differs_from_the_definition(linear_fd):
+    with _raises(ValueError, "T1", "8", "9"):
+        linear_fd.execute([_x(), np.ones((4, 9), np.float32)])
+    with _raises(ValueError, "T0", "8", "7"):
+        linear_fd.execute([np.ones((3, 7), np.float32), _w()])
+
+
+def test_inputs_sharing_a_symbolic_extent_disagree():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 4])
+        y = fd.define_tensor([-1, 4])
+        fd.add_output(fd.ops.add(x, y))
+    with _raises(ValueError, "T0", "T1", "3", "5"):
+        fd.execute([np.ones((3, 4), np.float32), np.ones((5, 4), np.float32)])
+
+
+# ---- building a definition --------------------------------------------------------------------
+
+def test_tensor_view_from_another_definition():
+    with FusionDefinition() as other:
+        foreign = other.define_tensor([4])
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4])
+        with _raises(ValueError, "add", foreign.name, "another FusionDefinition"):
+            fd.ops.add(x, foreign)
+        with _raises(ValueError, "relu", foreign.name, "another FusionDefinition"):
+            fd.ops.relu(foreign)
+        with _raises(ValueError, "add_output", foreign.name, "not a tensor of this FusionDefinition"):
+            fd.add_output(foreign)
+        # The TensorView operators are checked in C++ and say the same.
+        with _raises(ValueError, foreign.name, "another"):
+            x + foreign
+
+
+def test_add_output_of_a_scalar_or_a_non_tensor():
+    with FusionDefinition() as fd:
+        s = fd.define_scalar(2.0)
+        with _raises(ValueError, "add_output", s.name, "is a scalar"):
+            fd.add_output(s)
+        with _raises(TypeError, "add_output", "ndarray"):
+            fd.add_output(np.ones(3))
+
+
+def test_execute_without_outputs():
+    with FusionDefinition() as fd:
+        fd.define_tensor([4])
+    with _raises(ValueError, "no outputs"):
+        fd.execute([np.ones(4, np.float32)])
+
+
+def test_definition_is_frozen_after_execute(linear_fd):
+    linear_fd.execute([_x(), _w()])
+    with _raises(RuntimeError, "define_tensor", "already executed"):
+        linear_fd.define_tensor([3])
+
+
+@pytest.mark.parametrize("shape,exc,fragments", [
+    ([-2, 3], ValueError, ["shape[0] = -2"]),
+    ([2.5], TypeError, ["shape[0]", "float"]),
+    (5, TypeError, ["sequence of integers", "int"]),
+])
+def test_define_tensor_bad_shape(shape, exc, fragments):
+    with _raises(exc, *fragments):
+        FusionDefinition().define_tensor(shape)
+
+
+def test_define_tensor_bad_dtype_and_contiguity():
+    fd = FusionDefinition()
+    with _raises(TypeError, "dtype must be a DataType", "str"):
+        fd.define_tensor([2], dtype="float32")
+    with _raises(ValueError, "contiguity has 1 entries", "2 dimensions"):
+        fd.define_tensor([2, 3], contiguity=[True])
+
+
+def test_op_errors_name_the_tensors():
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([4, 5])
+        b = fd.define_tensor([6, 3])
+        with _raises(ValueError, "matmul", "T0 axis 1 (extent 5)", "T1 axis 0 (extent 6)"):
+            fd.ops.matmul(a, b)
+        with _raises(ValueError, "sum(T0)", "axis 2", "rank 2"):
+            fd.ops.sum(a, [2])
+        with _raises(ValueError, "add", "does not broadcast"):
+            fd.ops.add(a, b)
+        with _raises(ValueError, "reshape(T0)", "[4, 5]", "[3, 3]"):
+            fd.ops.reshape(a, [3, 3])
+        with _raises(ValueError, "at least one operand must be a TensorView"):
+            fd.ops.add(1, 2)
+        with _raises(TypeError, "cast", "DataType"):
+            fd.ops.cast(a, np.float32)
+        with _raises(TypeError, "relu", "TensorView", "float"):
+            fd.ops.relu(1.0)
+
+
+def test_sharding_errors_name_the_tensor():
+    with FusionDefinition() as fd:
+        w = fd.define_tensor([10, 4])
+    with _raises(ValueError, "T0", "extent 10", "does not split evenly by 4"):
+        w.outer_split(0, 4)
+    w.split(0, 5)
+    with _raises(ValueError, "T0", "only the outer part"):
+        w.axis(1).parallelize(ParallelType.mesh_x)
+    with _raises(ValueError, "T0", "axis(7)", "3 axes"):
+        w.axis(7)
+    w.axis(0).parallelize(ParallelType.mesh_x)
+    with _raises(ValueError, "T0", "two axes parallelized on mesh_x"):
+        w.axis(2).parallelize(ParallelType.mesh_x)
+
+
+def test_device_mesh_errors():
+    with _raises(ValueError, "no devices"):
+        DeviceMesh([])
+    with _raises(ValueError, "appears twice"):
+        DeviceMesh([0, 1, 1])
+    with _raises(ValueError, "does not hold 3 devices"):
+        DeviceMesh(range(3), shape=[2, 2])
+    with _raises(TypeError, "devices must be integers", "str"):
+        DeviceMesh(["a"])
+
+
+# ---- backends ----------------------------------------------------------------------------------
+
+def test_unavailable_backend_names_the_available_ones():
+    with _raises(ValueError, "ucc is not available", "mpi"):
+        FusionDefinition(backend_type=CommunicatorBackend.ucc)
+    fd = FusionDefinition()
+    with _raises(ValueError, "ucc is not available", "available: "):
+        fd.set_backend(CommunicatorBackend.ucc)
+    assert fd.backend_type == CommunicatorBackend.auto
+    with _raises(TypeError, "CommunicatorBackend", "str"):
+        fd.set_backend("mpi")
+
+
+def test_communication_timeout_is_a_timeout_error():
+    assert issubclass(CommunicationTimeout, TimeoutError)
+
+
+# ---- the raw bindings never crash on bad arguments ----------------------------------------------
+
+def test_raw_bindings_reject_none_and_wrong_types():
+    with _raises(ValueError, "operand is None"):
+        _C.ops.relu(None)
+    with pytest.raises(TypeError):
+        _C.ops.relu("x")
+    with _raises(ValueError, "expected a Fusion, got None"):
+        _C.FusionExecutorCache(None)
+    with _raises(ValueError, "add_input", "got None"):
+        _C.Fusion().add_input(None)
+    fusion = _C.Fusion()
+    t = fusion.new_tensor(DataType.Float, [2])
+    with _raises(ValueError, "add_output", "got None"):
+        fusion.add_output(None)
+    fusion.add_input(t)
+    fusion.add_output(_C.ops.neg(t))
+    with _raises(TypeError, "input 0", "object"):
+        _C.FusionExecutorCache(fusion).execute([object()])
+    with _raises(TypeError, "No constructor"):
+        _C.Tensor()  # Tensors come from from_dlpack or execute only
+    assert t.name == "T0"
+
+
+def test_vals_keep_their_fusion_alive():
+    import gc
+
+    def build():
+        fusion = _C.Fusion()
+        x = fusion.new_tensor(DataType.Float, [3, 4])
+        return _C.ops.relu(_C.ops.mul(x, _C.ops.constant(x, 2.0, DataType.Float))), x.axis(0)
+
+    y, axis = build()
+    gc.collect()
+    # The Fusion has no other reference: these must still read valid memory.
+    assert y.name == "T3" and y.shape == [3, 4] and y.dtype == DataType.Float
+    assert axis.extent == 3
+    assert _C.ops.sum(y, [0]).shape == [4]
