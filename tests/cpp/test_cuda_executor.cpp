@@ -1,0 +1,410 @@
+// The CUDA segment executor against the CPU executor, op by op, on random data: every pointwise op
+// and dtype (contiguous/vectorized and strided/broadcast paths), casts, fused chains, reductions,
+// matmul/linear through cuBLASLt and views. Skipped (with the CUDA runtime's reason) without a GPU.
+#include <gtest/gtest.h>
+
+#if MESHFUSE_HAVE_CUDA
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "ops/ops.h"
+#include "runtime/cuda/allocator.h"
+#include "runtime/cuda/kernel_cache.h"
+#include "runtime/cuda/streams.h"
+#include "runtime/element.h"
+#include "runtime/segment.h"
+
+namespace meshfuse {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                         \
+  do {                                                                             \
+    std::string why_;                                                              \
+    if (cuda::deviceCount(&why_) == 0) GTEST_SKIP() << "no CUDA device: " << why_; \
+  } while (0)
+
+const std::vector<DataType> kFloatTypes = {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16};
+const std::vector<DataType> kAllTypes = {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16,
+                                         DataType::Int,   DataType::Int32,  DataType::Bool};
+
+Tensor randomTensor(const std::vector<int64_t>& shape, DataType dtype, std::mt19937& rng, double lo, double hi) {
+  Tensor t = Tensor::empty(shape, dtype);
+  std::uniform_real_distribution<double> real(lo, hi);
+  std::uniform_int_distribution<int> integer(static_cast<int>(std::ceil(lo)), static_cast<int>(std::floor(hi)));
+  char* p = static_cast<char*>(t.data());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double v = dtype == DataType::Bool ? (rng() & 1) : isFloatingPoint(dtype) ? real(rng) : integer(rng);
+    storeFromDouble(p + i * static_cast<int64_t>(t.itemsize()), dtype, v);
+  }
+  return t;
+}
+
+// Tolerance of a result of `dtype` (`loose` for TF32 matmuls and long fp16 accumulations).
+double tolerance(DataType dtype, bool loose) {
+  switch (dtype) {
+    case DataType::Float: return loose ? 2e-2 : 2e-5;
+    case DataType::Double: return 1e-10;
+    case DataType::Half: return loose ? 3e-2 : 4e-3;
+    case DataType::BFloat16: return loose ? 6e-2 : 2e-2;
+    default: return 0;
+  }
+}
+
+void expectClose(const Tensor& expected, const Tensor& actual_device, const std::string& what, bool loose = false) {
+  ASSERT_EQ(actual_device.device(), Device::cuda(0)) << what;
+  Tensor actual = actual_device.to(Device::cpu());
+  ASSERT_EQ(expected.shape(), actual.shape()) << what;
+  ASSERT_EQ(expected.dtype(), actual.dtype()) << what;
+  const double tol = tolerance(expected.dtype(), loose);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    double e = expected.item(i), a = actual.item(i);
+    bool ok = (std::isnan(e) && std::isnan(a)) || e == a || std::abs(e - a) <= tol * (1 + std::abs(e));
+    if (!ok && bad++ < 3)
+      ADD_FAILURE() << what << ": element " << i << " expected " << e << " got " << a << " (" << expected.toString()
+                    << ")";
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << expected.numel() << " elements differ";
+}
+
+// One segment run on both executors from the same random inputs.
+struct Case {
+  Fusion fusion;
+  Segment::Kind kind = Segment::Kind::Pointwise;
+  std::vector<std::pair<Val*, Tensor>> inputs;  // CPU tensors (the CUDA run gets copies, optionally restrided)
+  std::vector<std::pair<Val*, double>> scalars;
+  std::vector<TensorView*> outputs;
+  std::function<Tensor(const Tensor&)> to_device = [](const Tensor& t) { return t.to(Device::cuda(0)); };
+
+  TensorView* input(DataType dtype, std::vector<int64_t> shape, std::mt19937& rng, double lo = -3, double hi = 3) {
+    TensorView* tv = fusion.newTensor(dtype, shape);
+    fusion.addInput(tv);
+    inputs.push_back({tv, randomTensor(shape, dtype, rng, lo, hi)});
+    return tv;
+  }
+
+  void check(const std::string& what, bool loose = false) {
+    Segment seg;
+    seg.kind = kind;
+    for (const auto& e : fusion.exprs()) seg.exprs.push_back(e.get());
+    for (const auto& [v, t] : inputs) seg.inputs.push_back(v);
+    for (const auto& [v, s] : scalars) seg.inputs.push_back(v);
+    seg.outputs = outputs;
+    ShapeMap shapes;
+    for (const auto& v : fusion.vals())
+      if (v->isTensor()) shapes[v.get()] = static_cast<TensorView*>(v.get())->shape();
+    ValueMap cpu_values, gpu_values;
+    for (const auto& [v, t] : inputs) {
+      cpu_values.tensors[v] = t;
+      gpu_values.tensors[v] = to_device(t);
+    }
+    for (const auto& [v, s] : scalars) cpu_values.scalars[v] = gpu_values.scalars[v] = s;
+    makeCpuExecutor()->run(seg, cpu_values, shapes);
+    auto gpu = makeCudaExecutor(0);
+    ASSERT_NO_THROW(gpu->run(seg, gpu_values, shapes)) << what;
+    for (TensorView* out : outputs)
+      expectClose(cpu_values.tensor(out), gpu_values.tensor(out), what + " " + out->name(), loose);
+  }
+};
+
+bool positiveDomain(OpType op) { return op == OpType::Log || op == OpType::Sqrt; }
+
+TEST(CudaExecutorPointwise, EveryUnaryOpOnEveryDtype) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(1);
+  const OpType ops_list[] = {OpType::Neg,  OpType::Abs,     OpType::Exp,  OpType::Log, OpType::Sqrt,
+                             OpType::Relu, OpType::Sigmoid, OpType::Tanh, OpType::Gelu};
+  for (DataType dt : kAllTypes) {
+    if (dt == DataType::Bool) continue;
+    for (OpType op : ops_list) {
+      Case c;
+      TensorView* x = c.input(dt, {37, 129}, rng, positiveDomain(op) ? 0.1 : -3, 3);
+      c.outputs = {ops::unary(op, x)};
+      c.check(toString(op) + " on " + toString(dt));
+    }
+  }
+}
+
+TEST(CudaExecutorPointwise, EveryBinaryOpOnEveryDtypeWithBroadcasting) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(2);
+  const OpType ops_list[] = {OpType::Add, OpType::Sub, OpType::Mul, OpType::Div, OpType::Max, OpType::Min, OpType::Pow};
+  for (DataType dt : kAllTypes) {
+    for (OpType op : ops_list) {
+      const bool pow = op == OpType::Pow;
+      // Same shapes (vectorized path) and a [37,1] x [1,129] broadcast (strided path).
+      for (bool broadcast : {false, true}) {
+        Case c;
+        TensorView* a = c.input(dt, broadcast ? std::vector<int64_t>{37, 1} : std::vector<int64_t>{37, 129}, rng,
+                                pow ? 0.5 : -4, pow ? 2 : 4);
+        TensorView* b = c.input(dt, {broadcast ? 1 : 37, 129}, rng, pow ? 0 : 1, 3);  // nonzero divisors
+        c.outputs = {ops::binary(op, a, b)};
+        c.check(toString(op) + " on " + toString(dt) + (broadcast ? " broadcast" : ""));
+      }
+    }
+  }
+}
+
+TEST(CudaExecutorPointwise, MixedDtypesAndScalars) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(3);
+  Case c;
+  TensorView* h = c.input(DataType::Half, {1000}, rng);
+  TensorView* i = c.input(DataType::Int32, {1000}, rng, -5, 5);
+  Scalar* s = c.fusion.newScalar(DataType::Double, std::nullopt);  // bound at execution
+  c.fusion.addInput(s);
+  c.scalars.push_back({s, 0.37});
+  TensorView* hs = ops::binary(OpType::Mul, h, s);                                      // Half
+  TensorView* mixed = ops::binary(OpType::Add, hs, i);                                  // Half + Int32 -> Half
+  TensorView* k = ops::binary(OpType::Sub, i, c.fusion.newScalar(DataType::Int, 7.0));  // Int32 constant
+  TensorView* f = ops::binary(OpType::Div, i, c.fusion.newScalar(DataType::Int, 2.0));  // true division: Float
+  c.outputs = {hs, mixed, k, f};
+  c.check("mixed dtypes");
+}
+
+TEST(CudaExecutorPointwise, EveryCastPair) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(4);
+  for (DataType from : kAllTypes) {
+    Case c;
+    TensorView* x = c.input(from, {3, 333}, rng, -8, 8);  // integers and small floats survive every type
+    for (DataType to : kAllTypes) c.outputs.push_back(ops::cast(x, to));
+    c.check("casts from " + toString(from));
+  }
+}
+
+TEST(CudaExecutorPointwise, FusedChainWithIntermediateOutputsOfSeveralShapes) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  for (DataType dt : kFloatTypes) {
+    Case c;
+    TensorView* row = c.input(dt, {1, 300}, rng);
+    TensorView* x = c.input(dt, {64, 300}, rng);
+    TensorView* e = ops::unary(OpType::Tanh, row);   // [1, 300], also an output
+    TensorView* y = ops::binary(OpType::Mul, x, e);  // broadcast
+    TensorView* z = ops::unary(OpType::Gelu, ops::binary(OpType::Add, y, c.fusion.newScalar(DataType::Double, 0.5)));
+    c.outputs = {e, z};
+    c.check("chain on " + toString(dt));
+  }
+}
+
+TEST(CudaExecutorPointwise, StridedAndOffsetInputs) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(6);
+  for (DataType dt : {DataType::Float, DataType::BFloat16, DataType::Int}) {
+    Case c;
+    TensorView* a = c.input(dt, {48, 70}, rng);
+    TensorView* b = c.input(dt, {48, 70}, rng);
+    // a arrives transposed in memory, b as a slice of a wider buffer at an odd offset.
+    c.to_device = [](const Tensor& t) {
+      Tensor d = t.to(Device::cuda(0));
+      if (t.shape() != std::vector<int64_t>{48, 70}) return d;
+      static int which = 0;
+      if (which++ % 2 == 0) {
+        Tensor tr = Tensor::empty({70, 48}, t.dtype(), Device::cuda(0));
+        tr.permute({1, 0}).copyFrom(d);
+        return tr.permute({1, 0});
+      }
+      Tensor wide = Tensor::empty({48, 73}, t.dtype(), Device::cuda(0));
+      Tensor view = wide.slice(1, 3, 70);
+      view.copyFrom(d);
+      return view;
+    };
+    c.outputs = {ops::binary(OpType::Add, ops::unary(OpType::Abs, a), b)};
+    c.check("strided inputs " + toString(dt));
+  }
+}
+
+TEST(CudaExecutorReduction, SumMaxMeanOverInnerOuterAndAllAxes) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  const std::vector<std::vector<int64_t>> axes_list = {{2}, {0}, {1}, {0, 2}, {0, 1, 2}};
+  for (DataType dt : {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16, DataType::Int32}) {
+    for (OpType op : {OpType::Sum, OpType::ReduceMax, OpType::Mean}) {
+      for (const auto& axes : axes_list) {
+        for (bool keepdim : {false, true}) {
+          Case c;
+          c.kind = Segment::Kind::Reduction;
+          TensorView* x = c.input(dt, {33, 40, 257}, rng, -2, 2);
+          c.outputs = {ops::reduction(op, x, axes, keepdim)};
+          c.check(toString(op) + " " + toString(dt) + " axes " + shapeToString(axes) + (keepdim ? " keepdim" : ""),
+                  /*loose=*/dt == DataType::Half || dt == DataType::BFloat16);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaExecutorMatmul, MatmulShapesAndDtypes) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(8);
+  struct Shapes {
+    std::vector<int64_t> a, b;
+  };
+  const std::vector<Shapes> cases = {{{64, 96}, {96, 80}}, {{3, 32, 48}, {3, 48, 40}}, {{3, 32, 48}, {48, 40}},
+                                     {{48}, {48, 40}},     {{32, 48}, {48}},           {{2, 1, 16, 24}, {3, 24, 8}}};
+  for (DataType dt : kFloatTypes) {
+    for (const auto& s : cases) {
+      Case c;
+      c.kind = Segment::Kind::Matmul;
+      TensorView* a = c.input(dt, s.a, rng, -1, 1);
+      TensorView* b = c.input(dt, s.b, rng, -1, 1);
+      c.outputs = {ops::matmul(a, b)};
+      c.check("matmul " + toString(dt) + " " + shapeToString(s.a) + " @ " + shapeToString(s.b), /*loose=*/true);
+    }
+  }
+  Case ints;  // integers run exactly (through fp64)
+  ints.kind = Segment::Kind::Matmul;
+  ints.outputs = {
+      ops::matmul(ints.input(DataType::Int, {20, 30}, rng, -5, 5), ints.input(DataType::Int, {30, 10}, rng, -5, 5))};
+  ints.check("matmul Int");
+}
+
+TEST(CudaExecutorMatmul, LinearWithAndWithoutFusedBias) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  for (DataType dt : kFloatTypes) {
+    for (bool bias : {false, true}) {
+      Case c;
+      c.kind = Segment::Kind::Matmul;
+      TensorView* x = c.input(dt, {4, 16, 64}, rng, -1, 1);
+      TensorView* w = c.input(dt, {96, 64}, rng, -1, 1);
+      TensorView* b = bias ? c.input(dt, {96}, rng, -1, 1) : nullptr;
+      c.outputs = {ops::linear(x, w, b)};
+      c.check("linear " + toString(dt) + (bias ? " +bias" : ""), /*loose=*/true);
+    }
+  }
+}
+
+TEST(CudaExecutorViews, PermuteBroadcastReshapeFeedPointwise) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(10);
+  {
+    Case c;
+    c.kind = Segment::Kind::View;
+    TensorView* x = c.input(DataType::Float, {5, 6, 7}, rng);
+    c.outputs = {ops::permute(x, {2, 0, 1})};
+    c.check("permute");
+  }
+  {
+    Case c;
+    c.kind = Segment::Kind::View;
+    TensorView* x = c.input(DataType::Half, {6}, rng);
+    c.outputs = {ops::broadcastInDim(x, {4, 6}, {1})};
+    c.check("broadcast_in_dim");
+  }
+  {
+    Case c;
+    c.kind = Segment::Kind::View;
+    TensorView* x = c.input(DataType::Int32, {6, 10}, rng, -9, 9);
+    c.outputs = {ops::reshape(x, {3, 20})};
+    c.check("reshape");
+  }
+  {
+    // A mixed segment: view then pointwise on the permuted (strided) value.
+    Case c;
+    TensorView* x = c.input(DataType::Float, {16, 24}, rng);
+    TensorView* y = c.input(DataType::Float, {24, 16}, rng);
+    c.outputs = {ops::binary(OpType::Mul, ops::permute(x, {1, 0}), y)};
+    Segment seg;
+    c.kind = Segment::Kind::Pointwise;
+    // The CPU executor wants one expr per view segment: run the views on the CUDA executor alone
+    // and compare with a host loop.
+    ShapeMap shapes;
+    for (const auto& v : c.fusion.vals())
+      if (v->isTensor()) shapes[v.get()] = static_cast<TensorView*>(v.get())->shape();
+    for (const auto& e : c.fusion.exprs()) seg.exprs.push_back(e.get());
+    seg.inputs = {x, y};
+    seg.outputs = c.outputs;
+    ValueMap values;
+    values.tensors[x] = c.inputs[0].second.to(Device::cuda(0));
+    values.tensors[y] = c.inputs[1].second.to(Device::cuda(0));
+    makeCudaExecutor(0)->run(seg, values, shapes);
+    Tensor out = values.tensor(c.outputs[0]).to(Device::cpu());
+    Tensor expected = Tensor::empty({24, 16}, DataType::Float);
+    for (int64_t i = 0; i < 24; ++i)
+      for (int64_t j = 0; j < 16; ++j)
+        expected.dataAs<float>()[i * 16 + j] =
+            c.inputs[0].second.dataAs<float>()[j * 24 + i] * c.inputs[1].second.dataAs<float>()[i * 16 + j];
+    Tensor expected_dev = expected.to(Device::cuda(0));
+    expectClose(expected, expected_dev, "sanity");
+    expectClose(expected, values.tensor(c.outputs[0]), "permute then mul");
+    (void)out;
+  }
+}
+
+TEST(CudaExecutorCache, RepeatedExecutionCompilesNothing) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(11);
+  Case c;
+  TensorView* x = c.input(DataType::Float, {4096}, rng);
+  c.outputs = {ops::unary(OpType::Exp, ops::unary(OpType::Neg, x))};
+  c.check("first run");
+  const int64_t compiled = cuda::kernelCompilations();
+  for (int i = 0; i < 3; ++i) c.check("cached run");
+  EXPECT_EQ(cuda::kernelCompilations(), compiled) << "the same segment structure must reuse its kernel";
+}
+
+TEST(CudaRuntime, CopiesRoundTripAndMemoryIsReturned) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  const int64_t before = cuda::bytesInUse(0);
+  {
+    Tensor h = randomTensor({17, 33}, DataType::Float, rng, -3, 3);
+    Tensor d = h.to(Device::cuda(0));
+    Tensor back = d.permute({1, 0}).contiguous().permute({1, 0}).to(DataType::Double).to(Device::cpu());
+    for (int64_t i = 0; i < h.numel(); ++i) ASSERT_EQ(back.item(i), h.item(i)) << i;
+    Tensor z = Tensor::zeros({5, 5}, DataType::BFloat16, Device::cuda(0)).to(Device::cpu());
+    for (int64_t i = 0; i < 25; ++i) ASSERT_EQ(z.item(i), 0.0);
+    Tensor host_strided = Tensor::empty({33, 17}, DataType::Float).permute({1, 0});
+    host_strided.copyFrom(d);  // device -> strided host
+    for (int64_t i = 0; i < h.numel(); ++i) ASSERT_EQ(host_strided.item(i), h.item(i)) << i;
+    EXPECT_GT(cuda::bytesInUse(0), before);
+  }
+  cuda::synchronizeDevice(0);
+  EXPECT_EQ(cuda::bytesInUse(0), before) << "every device tensor's memory goes back to the pool";
+}
+
+TEST(CudaExecutorErrors, HostInputIsRejectedByName) {
+  SKIP_WITHOUT_GPU();
+  Fusion f;
+  TensorView* x = f.newTensor(DataType::Float, {4});
+  f.addInput(x);
+  TensorView* y = ops::unary(OpType::Neg, x);
+  Segment seg;
+  seg.exprs = {f.exprs()[0].get()};
+  seg.inputs = {x};
+  seg.outputs = {y};
+  ValueMap values;
+  values.tensors[x] = Tensor::zeros({4}, DataType::Float);
+  try {
+    makeCudaExecutor(0)->run(seg, values, {{x, {4}}, {y, {4}}});
+    FAIL() << "a CPU input must be rejected";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(x->name()), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaStreams, PoolAndCurrentStream) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_EQ(cuda::currentStream(0), nullptr);
+  cuda::Stream s = cuda::poolStream(0, 1);
+  EXPECT_NE(s, nullptr);
+  EXPECT_EQ(cuda::poolStream(0, 1 + cuda::streamPoolSize()), s);
+  {
+    cuda::CurrentStreamGuard guard(0, s);
+    EXPECT_EQ(cuda::currentStream(0), s);
+    // Work on the pool stream is correct too.
+    std::mt19937 rng(13);
+    Case c;
+    TensorView* x = c.input(DataType::Float, {10000}, rng);
+    c.outputs = {ops::unary(OpType::Sigmoid, x)};
+    c.check("on a pool stream");
+  }
+  EXPECT_EQ(cuda::currentStream(0), nullptr);
+}
+
+}  // namespace
+}  // namespace meshfuse
+#endif  // MESHFUSE_HAVE_CUDA
