@@ -70,6 +70,9 @@ void bindExecutor(py::module_& m) {
            py::arg("fusion"))
       .def("execute", &execute, py::arg("inputs"), py::arg("params") = MultiDeviceExecutorParams{},
            "Runs the fusion on this rank's inputs; one Tensor (or None off its mesh) per output")
+      .def("report_input_error", &FusionExecutorCache::reportInputError, py::arg("error"),
+           py::arg("params") = MultiDeviceExecutorParams{}, py::call_guard<py::gil_scoped_release>(),
+           "Fails the other ranks' execute (they wait for this rank's inputs) with `error`; raises ValueError here")
       .def("last_host_ir", &FusionExecutorCache::lastHostIr)
       .def("last_lowered_fusion", &FusionExecutorCache::lastLoweredFusion)
       .def("num_cached_programs", &FusionExecutorCache::numCachedPrograms);

@@ -275,29 +275,45 @@ class FusionDefinition:
         trace: a path to write a Chrome trace of this execution to."""
         self._ensure_defined()
         with self._lock:
-            fusion_inputs = self._fusion.inputs()
-            outputs = self._fusion.outputs()
-            if not outputs:
+            if not self._fusion.outputs():
                 raise ValueError("execute: the FusionDefinition has no outputs (call add_output)")
-            _validation.check_input_count(fusion_inputs, inputs)
-            rank = _lazy_rank()
-            args = [_validation.tensor_argument(v, x, rank) if v.is_tensor else _validation.check_scalar(v, x)
-                    for v, x in zip(fusion_inputs, inputs)]
-            torch_out = any(_arrays.is_torch_tensor(x) for x in inputs)
-            if not torch_out:
-                for out in outputs:
-                    if out.dtype == DataType.BFloat16:
-                        raise TypeError(f"{out.name}: a BFloat16 output cannot be returned as a numpy array (numpy "
-                                        f"has no bfloat16): cast it to Float in the definition, or pass torch tensors")
             params = self._params
             if trace is not None:
                 params = _C.MultiDeviceExecutorParams(self._params)
                 params.executor.trace_path = str(trace)
             if self._cache is None:
                 self._cache = _C.FusionExecutorCache(self._fusion)
+            try:
+                args, torch_out = self._arguments(inputs)
+            except (TypeError, ValueError) as error:
+                self._fail_other_ranks(error, params)
+                raise
             results = self._cache.execute(args, params)
         convert = _arrays.to_torch if torch_out else _arrays.to_numpy
         return [None if t is None else convert(t) for t in results]
+
+    def _arguments(self, inputs):
+        """The checked C++ arguments for `inputs`, and whether outputs are torch tensors."""
+        fusion_inputs = self._fusion.inputs()
+        _validation.check_input_count(fusion_inputs, inputs)
+        rank = _lazy_rank()
+        args = [_validation.tensor_argument(v, x, rank) if v.is_tensor else _validation.check_scalar(v, x)
+                for v, x in zip(fusion_inputs, inputs)]
+        torch_out = any(_arrays.is_torch_tensor(x) for x in inputs)
+        if not torch_out:
+            for out in self._fusion.outputs():
+                if out.dtype == DataType.BFloat16:
+                    raise TypeError(f"{out.name}: a BFloat16 output cannot be returned as a numpy array (numpy "
+                                    f"has no bfloat16): cast it to Float in the definition, or pass torch tensors")
+        return args, torch_out
+
+    def _fail_other_ranks(self, error, params):
+        """The other ranks wait in execute() for this rank's inputs: tell them this rank's were bad, so
+        every rank raises instead of waiting out the timeout. (A world of one returns at once.)"""
+        try:
+            self._cache.report_input_error(str(error), params)
+        except ValueError:
+            pass  # it always raises the error it reported; this rank raises the original instead
 
     def num_cached_programs(self):
         """How many lowered programs (one per distinct input signature and parameters) are cached."""
