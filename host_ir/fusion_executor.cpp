@@ -118,6 +118,13 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   auto it = programs_.find(key);
   if (it == programs_.end()) {
     auto program = std::make_shared<Program>();
+    {  // The user's shardings, checked on the definition itself: resharding re-derives loop domains
+       // from shardings, so a bad split of a non-input tensor would otherwise pass unnoticed.
+      GlobalShapes user_inputs;
+      for (size_t i = 0; i < fusion_->inputs().size(); ++i)
+        if (fusion_->inputs()[i]->isTensor()) user_inputs[fusion_->inputs()[i]] = sig.global[i];
+      bindShapes(*fusion_, user_inputs);
+    }
     program->resharded = insertResharding(*fusion_);
     const Fusion& lowered = *program->resharded.fusion;
     GlobalShapes input_shapes;
