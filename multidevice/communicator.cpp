@@ -211,7 +211,16 @@ void* Communicator::mpiCommFor(const std::vector<int64_t>& team) {
   std::iota(world.begin(), world.end(), 0);
   MPI_Comm comm = MPI_COMM_NULL;
   if (team == world) {
-    mpi::check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+    // Non-blocking, with a deadline: the first exchange over the world (execute's input
+    // agreement) must fail in bounded time when a rank never arrives, not hang in MPI_Comm_dup.
+    std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
+    mpi::check(MPI_Comm_idup(MPI_COMM_WORLD, &comm, request.data()), "MPI_Comm_idup");
+    const auto start = std::chrono::steady_clock::now();
+    if (!mpi::pollUntil(request, start + barrierTimeout()))
+      throw CommunicationTimeout("Communicator: creating the world's MPI communicator: rank " + std::to_string(rank_) +
+                                 " waited " + mpi::secondsToString(std::chrono::steady_clock::now() - start) +
+                                 " for the other ranks of the world (size " + std::to_string(size_) +
+                                 "); one of them did not arrive");
   } else {
     // A group in the team's order makes communicator rank i = team member i; creation is
     // collective only over the members, so other ranks need not take part.
