@@ -6,6 +6,9 @@
 #include "python/bindings.h"
 #include "python/dlpack_interop.h"
 #include "runtime/tensor.h"
+#if MESHFUSE_HAVE_CUDA
+#include "runtime/cuda/streams.h"
+#endif
 
 namespace py = pybind11;
 
@@ -18,17 +21,36 @@ const Tensor& defined(const Tensor& t) {
   return t;
 }
 
-// __dlpack__(stream=None, max_version=None, dl_device=None, copy=None), per the Python array API.
-// This build speaks unversioned DLPack only, which the protocol allows whatever max_version asks.
-// `stream` is ignored: outputs of execute() are complete on the device when execute returns.
+// Makes the consumer's CUDA stream wait for meshfuse's work, which runs on the calling thread's
+// current stream (the legacy default stream unless set). Per the protocol: None and 1 are the
+// legacy default stream (already ordered), -1 asks for no synchronization, 2 is the per-thread
+// default stream, anything else a stream handle.
+void orderConsumerStream(const Tensor& t, const py::object& stream) {
+#if MESHFUSE_HAVE_CUDA
+  if (t.device().type != DeviceType::CUDA || stream.is_none()) return;
+  auto handle = stream.cast<int64_t>();
+  if (handle == -1 || handle == 1) return;
+  int device = t.device().index;
+  cuda::streamWaitStream(device, reinterpret_cast<cuda::Stream>(handle), cuda::currentStream(device));
+#else
+  (void)t;
+  (void)stream;
+#endif
+}
+
+// __dlpack__(stream=None, max_version=None, dl_device=None, copy=None), per the Python array API:
+// a versioned capsule for consumers that accept DLPack 1.x (numpy >= 2 then gives a writable
+// array), else the unversioned one.
 py::capsule exportDlpack(const Tensor& t, const py::object& stream, const py::object& max_version,
                          const py::object& dl_device, const py::object& copy) {
   const Tensor& src = defined(t);
   if (!dl_device.is_none() && !dlpackDevice(src).equal(py::tuple(dl_device)))
     throw py::buffer_error("meshfuse Tensor on " + src.device().toString() + " cannot be exported to DLPack device " +
                            std::string(py::str(dl_device)));
-  if (!copy.is_none() && copy.cast<bool>()) return tensorToDlpack(src.clone());
-  return tensorToDlpack(src);
+  bool versioned = !max_version.is_none() && py::tuple(max_version)[0].cast<int64_t>() >= 1;
+  orderConsumerStream(src, stream);
+  if (!copy.is_none() && copy.cast<bool>()) return tensorToDlpack(src.clone(), versioned);
+  return tensorToDlpack(src, versioned);
 }
 
 }  // namespace

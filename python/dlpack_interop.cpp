@@ -7,16 +7,28 @@
 #include <string>
 #include <vector>
 
+#include "python/dlpack_versioned.h"
+
 namespace py = pybind11;
 
 namespace meshfuse::python {
 
 namespace {
 
-constexpr const char* kCapsuleName = "dltensor";
-constexpr const char* kUsedCapsuleName = "used_dltensor";
 // DLPack v0.8 added kDLBool = 6; the v0.6 header lacks it, numpy >= 2 and torch >= 2 use it.
 constexpr uint8_t kDLBoolCode = 6;
+
+// The two capsule kinds differ in their names and in the managed struct they carry.
+struct Unversioned {
+  using Managed = DLManagedTensor;
+  static constexpr const char* name = "dltensor";
+  static constexpr const char* used_name = "used_dltensor";
+};
+struct Versioned {
+  using Managed = DlpackManagedTensorVersioned;
+  static constexpr const char* name = "dltensor_versioned";
+  static constexpr const char* used_name = "used_dltensor_versioned";
+};
 
 std::string describe(DLDataType t) {
   const char* kind = "code";
@@ -86,57 +98,23 @@ std::optional<Device> fromDlpack(DLDevice d) {
 
 // Runs the producer's deleter with the GIL held (numpy's deleter drops a Python reference), from
 // whichever thread releases the last view. After interpreter shutdown the memory is left alone.
-void releaseImported(DLManagedTensor* managed) {
+template <typename Managed>
+void releaseImported(Managed* managed) {
   if (managed->deleter == nullptr || !Py_IsInitialized()) return;
   py::gil_scoped_acquire gil;
   managed->deleter(managed);
 }
 
-// What an exported DLManagedTensor points at: a view of the Tensor (holding its storage) and the
-// shape/strides arrays DLTensor refers to.
-struct ExportContext {
-  Tensor tensor;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> strides;
-};
-
-void deleteExported(DLManagedTensor* managed) {
-  delete static_cast<ExportContext*>(managed->manager_ctx);
-  delete managed;
-}
-
-// The capsule's destructor: frees the DLManagedTensor only if no consumer took it (a consumer
-// renames the capsule and becomes responsible for calling the deleter).
-void destroyCapsule(PyObject* capsule) {
-  if (!PyCapsule_IsValid(capsule, kCapsuleName)) return;
-  // Called during garbage collection: keep any exception in flight intact.
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);
-  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsuleName));
-  if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
-  PyErr_Restore(type, value, traceback);
-}
-
-}  // namespace
-
-Tensor tensorFromDlpack(const py::object& obj) {
-  py::object capsule = obj;
-  if (!PyCapsule_CheckExact(obj.ptr())) {
-    if (!py::hasattr(obj, "__dlpack__"))
-      throw py::type_error("expected a DLPack capsule or an object with __dlpack__ (numpy array, torch tensor), got " +
-                           std::string(py::str(py::type::of(obj).attr("__name__"))));
-    capsule = obj.attr("__dlpack__")();
-    if (!PyCapsule_CheckExact(capsule.ptr())) throw py::type_error("__dlpack__() did not return a capsule");
+template <typename Kind>
+Tensor importCapsule(PyObject* capsule) {
+  using Managed = typename Kind::Managed;
+  auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, Kind::name));
+  if (managed == nullptr) throw py::error_already_set();
+  if constexpr (std::is_same_v<Kind, Versioned>) {
+    if (managed->version.major != kDlpackMajorVersion)
+      throw py::buffer_error("DLPack major version " + std::to_string(managed->version.major) +
+                             " is not supported (this build reads version 1)");
   }
-  if (PyCapsule_IsValid(capsule.ptr(), kUsedCapsuleName))
-    throw py::value_error("this DLPack capsule was already consumed (its name is 'used_dltensor')");
-  if (!PyCapsule_IsValid(capsule.ptr(), kCapsuleName)) {
-    const char* name = PyCapsule_GetName(capsule.ptr());
-    PyErr_Clear();
-    throw py::value_error(std::string("expected a capsule named 'dltensor', got '") + (name ? name : "(null)") +
-                          "' (versioned DLPack capsules are not supported by this build's DLPack v0.6)");
-  }
-  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), kCapsuleName));
   const DLTensor& dl = managed->dl_tensor;
 
   // Validate everything before taking ownership, so a rejected capsule is still freed by its producer.
@@ -155,18 +133,51 @@ Tensor tensorFromDlpack(const py::object& obj) {
       dl.strides ? std::vector<int64_t>(dl.strides, dl.strides + dl.ndim) : contiguousStrides(shape);
   void* data = static_cast<char*>(dl.data) + dl.byte_offset;
 
-  if (PyCapsule_SetName(capsule.ptr(), kUsedCapsuleName) != 0) throw py::error_already_set();
-  // From here the Storage owns the DLManagedTensor: its release runs the producer's deleter.
+  if (PyCapsule_SetName(capsule, Kind::used_name) != 0) throw py::error_already_set();
+  // From here the Storage owns the managed tensor: its release runs the producer's deleter. (A
+  // read-only flag needs no action: meshfuse never writes its inputs.)
   return Tensor::fromBlob(data, *dtype, std::move(shape), std::move(strides), *device,
                           [managed](void*) { releaseImported(managed); });
 }
 
-py::capsule tensorToDlpack(const Tensor& tensor) {
-  if (!tensor.defined()) throw py::value_error("cannot export an undefined Tensor through DLPack");
+// What an exported managed tensor points at: a view of the Tensor (holding its storage) and the
+// shape/strides arrays DLTensor refers to.
+struct ExportContext {
+  Tensor tensor;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+};
+
+template <typename Managed>
+void deleteExported(Managed* managed) {
+  delete static_cast<ExportContext*>(managed->manager_ctx);
+  delete managed;
+}
+
+// The capsule's destructor: frees the managed tensor only if no consumer took it (a consumer
+// renames the capsule and becomes responsible for calling the deleter).
+template <typename Kind>
+void destroyCapsule(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, Kind::name)) return;
+  // Called during garbage collection: keep any exception in flight intact.
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  auto* managed = static_cast<typename Kind::Managed*>(PyCapsule_GetPointer(capsule, Kind::name));
+  if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+  PyErr_Restore(type, value, traceback);
+}
+
+template <typename Kind>
+py::capsule exportCapsule(const Tensor& tensor) {
+  using Managed = typename Kind::Managed;
   auto* ctx = new ExportContext{tensor, tensor.shape(), tensor.strides()};
-  auto* managed = new DLManagedTensor{};
+  auto* managed = new Managed{};
   managed->manager_ctx = ctx;
-  managed->deleter = &deleteExported;
+  managed->deleter = &deleteExported<Managed>;
+  if constexpr (std::is_same_v<Kind, Versioned>) {
+    managed->version = {kDlpackMajorVersion, 0};
+    managed->flags = 0;  // writable, not a copy
+  }
   DLTensor& dl = managed->dl_tensor;
   dl.data = tensor.data();
   dl.byte_offset = 0;
@@ -178,12 +189,39 @@ py::capsule tensorToDlpack(const Tensor& tensor) {
   dl.device.device_type = d.type == DeviceType::CPU ? kDLCPU : kDLCUDA;
   dl.device.device_id = d.type == DeviceType::CPU ? 0 : d.index;
 
-  PyObject* capsule = PyCapsule_New(managed, kCapsuleName, &destroyCapsule);
+  PyObject* capsule = PyCapsule_New(managed, Kind::name, &destroyCapsule<Kind>);
   if (capsule == nullptr) {
     deleteExported(managed);
     throw py::error_already_set();
   }
   return py::reinterpret_steal<py::capsule>(capsule);
+}
+
+}  // namespace
+
+Tensor tensorFromDlpack(const py::object& obj) {
+  py::object capsule = obj;
+  if (!PyCapsule_CheckExact(obj.ptr())) {
+    if (!py::hasattr(obj, "__dlpack__"))
+      throw py::type_error("expected a DLPack capsule or an object with __dlpack__ (numpy array, torch tensor), got " +
+                           std::string(py::str(py::type::of(obj).attr("__name__"))));
+    capsule = obj.attr("__dlpack__")();
+    if (!PyCapsule_CheckExact(capsule.ptr())) throw py::type_error("__dlpack__() did not return a capsule");
+  }
+  PyObject* c = capsule.ptr();
+  if (PyCapsule_IsValid(c, Unversioned::name)) return importCapsule<Unversioned>(c);
+  if (PyCapsule_IsValid(c, Versioned::name)) return importCapsule<Versioned>(c);
+  if (PyCapsule_IsValid(c, Unversioned::used_name) || PyCapsule_IsValid(c, Versioned::used_name))
+    throw py::value_error("this DLPack capsule was already consumed (its name starts with 'used_')");
+  const char* name = PyCapsule_GetName(c);
+  PyErr_Clear();
+  throw py::value_error(std::string("expected a capsule named 'dltensor' or 'dltensor_versioned', got '") +
+                        (name ? name : "(null)") + "'");
+}
+
+py::capsule tensorToDlpack(const Tensor& tensor, bool versioned) {
+  if (!tensor.defined()) throw py::value_error("cannot export an undefined Tensor through DLPack");
+  return versioned ? exportCapsule<Versioned>(tensor) : exportCapsule<Unversioned>(tensor);
 }
 
 py::tuple dlpackDevice(const Tensor& tensor) {

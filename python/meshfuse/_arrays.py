@@ -85,14 +85,10 @@ def to_tensor(obj):
         obj = np.array(obj, copy=True)
     if type(obj).__name__ == "PyCapsule":
         return _C.Tensor.from_dlpack(obj)
-    device_type, device_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
+    device_type, _ = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
     if int(device_type) == _KDL_CUDA:
-        torch = _torch()
-        if is_torch_tensor(obj):
-            # Finish the producer's pending work first, then take the memory without a stream handshake.
-            torch.cuda.current_stream(obj.device).synchronize()
-            return _C.Tensor.from_dlpack(obj.__dlpack__(stream=-1))
-        # Another CUDA producer: ask it to order its work before the legacy default stream (1).
+        # meshfuse's CUDA work runs on the legacy default stream (1) unless told otherwise: the
+        # producer makes its pending work on its own stream visible there first.
         return _C.Tensor.from_dlpack(obj.__dlpack__(stream=1))
     return _C.Tensor.from_dlpack(obj.__dlpack__())
 

@@ -1,0 +1,211 @@
+"""DLPack in and out: zero-copy imports of numpy arrays, torch tensors and raw capsules, the
+lifetime of shared memory in both directions, and numpy-in/numpy-out, torch-in/torch-out."""
+import ctypes
+import gc
+import weakref
+
+import numpy as np
+import pytest
+from conftest import NUMPY_DTYPE, random_array
+
+from meshfuse import DataType, FusionDefinition, _C
+
+_capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_is_valid.restype = ctypes.c_int
+_capsule_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+@pytest.mark.parametrize("dtype", sorted(NUMPY_DTYPE, key=lambda d: d.name))
+def test_numpy_import_is_zero_copy(rng, dtype):
+    a = random_array(rng, (3, 5), NUMPY_DTYPE[dtype])
+    t = _C.Tensor.from_dlpack(a)
+    assert t.dtype == dtype and t.shape == [3, 5] and t.strides == [5, 1]
+    assert t.data_ptr == a.ctypes.data and t.device == "cpu"
+    for i in (0, 7, 14):
+        assert t.item(i) == pytest.approx(float(a.reshape(-1)[i]))
+
+
+def test_strided_and_offset_views_keep_their_layout(rng):
+    a = random_array(rng, (6, 8), np.float32)
+    view = a[1:5:2, 2:].T  # an offset, a step and a transpose
+    t = _C.Tensor.from_dlpack(view)
+    assert t.shape == [6, 2] and t.strides == [1, 16]
+    assert t.data_ptr == view.ctypes.data
+    assert not t.is_contiguous()
+    np.testing.assert_array_equal(np.from_dlpack(t), view)
+
+
+def test_imported_memory_lives_as_long_as_the_tensor():
+    a = np.arange(10, dtype=np.float64)
+    alive = weakref.ref(a)
+    t = _C.Tensor.from_dlpack(a)
+    del a
+    gc.collect()
+    assert alive() is not None, "the Tensor must keep the array alive"
+    assert t.item(9) == 9.0
+    del t
+    gc.collect()
+    assert alive() is None, "releasing the Tensor must call the producer's deleter"
+
+
+def test_raw_capsule_is_consumed_and_renamed():
+    a = np.ones(4, np.int32)
+    capsule = a.__dlpack__()
+    assert _capsule_is_valid(capsule, b"dltensor")
+    t = _C.Tensor.from_dlpack(capsule)
+    assert _capsule_is_valid(capsule, b"used_dltensor") and not _capsule_is_valid(capsule, b"dltensor")
+    assert t.data_ptr == a.ctypes.data
+    with pytest.raises(ValueError, match="already consumed"):
+        _C.Tensor.from_dlpack(capsule)
+
+
+def test_rejected_capsule_is_not_consumed():
+    capsule = np.ones(4, np.uint8).__dlpack__()
+    with pytest.raises(TypeError, match="uint8 is not supported"):
+        _C.Tensor.from_dlpack(capsule)
+    assert _capsule_is_valid(capsule, b"dltensor"), "the producer still owns it and frees it with the capsule"
+    with pytest.raises(TypeError, match="complex64"):
+        _C.Tensor.from_dlpack(np.ones(2, np.complex64))
+    with pytest.raises(TypeError, match="expected a DLPack capsule or an object with __dlpack__"):
+        _C.Tensor.from_dlpack([1, 2, 3])
+
+
+def test_export_to_numpy_shares_memory_and_outlives_the_tensor():
+    gc.collect()
+    base = _C.cpu_bytes_in_use()
+    t = _C.Tensor.zeros([4, 3], DataType.Double)
+    assert _C.cpu_bytes_in_use() == base + 96
+    a = np.from_dlpack(t)
+    assert a.ctypes.data == t.data_ptr and a.shape == (4, 3) and a.dtype == np.float64
+    a[2, 1] = 5.0  # writable, and the same memory
+    assert t.item(7) == 5.0
+    del t
+    gc.collect()
+    assert a[2, 1] == 5.0 and _C.cpu_bytes_in_use() == base + 96
+    del a
+    gc.collect()
+    assert _C.cpu_bytes_in_use() == base, "the consumer's deleter must release the storage"
+
+
+def test_unconsumed_export_capsule_frees_the_storage():
+    gc.collect()
+    base = _C.cpu_bytes_in_use()
+    capsule = _C.Tensor.zeros([16], DataType.Float).__dlpack__()
+    assert _C.cpu_bytes_in_use() == base + 64
+    del capsule
+    gc.collect()
+    assert _C.cpu_bytes_in_use() == base
+
+
+def test_export_protocol_keywords():
+    t = _C.Tensor.zeros([2, 2], DataType.Int32)
+    assert t.__dlpack_device__() == (1, 0)
+    assert _capsule_is_valid(t.__dlpack__(), b"dltensor")
+    # A consumer that reads DLPack 1.x gets the versioned capsule, so numpy >= 2 can write the array.
+    capsule = t.__dlpack__(stream=None, max_version=(1, 0), dl_device=(1, 0), copy=False)
+    assert _capsule_is_valid(capsule, b"dltensor_versioned")
+    again = _C.Tensor.from_dlpack(capsule)  # and meshfuse reads it back
+    assert again.data_ptr == t.data_ptr and _capsule_is_valid(capsule, b"used_dltensor_versioned")
+    copied = np.from_dlpack(_C.Tensor.from_dlpack(t.__dlpack__(copy=True)))
+    assert copied.ctypes.data != t.data_ptr
+    with pytest.raises(BufferError, match=r"on cpu cannot be exported to DLPack device \(2, 0\)"):
+        t.__dlpack__(dl_device=(2, 0))
+
+
+def test_versioned_import_from_numpy(rng):
+    a = random_array(rng, (4, 3), np.float32)
+    try:
+        capsule = a.__dlpack__(max_version=(1, 0))
+    except TypeError:
+        pytest.skip("this numpy exports unversioned DLPack only")
+    t = _C.Tensor.from_dlpack(capsule)
+    assert t.data_ptr == a.ctypes.data and t.shape == [4, 3]
+    np.testing.assert_array_equal(np.from_dlpack(t), a)
+
+
+def test_bfloat16_cannot_become_numpy():
+    from meshfuse import _arrays
+
+    with pytest.raises(TypeError, match="numpy has no bfloat16"):
+        _arrays.to_numpy(_C.Tensor.zeros([2], DataType.BFloat16))
+
+
+def test_bool_round_trip(rng):
+    a = random_array(rng, (5, 4), np.bool_)
+    b = random_array(rng, (5, 4), np.bool_)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], DataType.Bool)
+        y = fd.define_tensor([-1, -1], DataType.Bool)
+        fd.add_output(fd.ops.maximum(x, y))  # logical or
+    (out,) = fd.execute([a, b])
+    assert out.dtype == np.bool_
+    np.testing.assert_array_equal(out, a | b)
+
+
+def test_execute_numpy_out_owns_its_memory(rng):
+    x = random_array(rng, (64, 64), np.float32)
+    gc.collect()
+    base = _C.cpu_bytes_in_use()
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.exp(t))
+    (out,) = fd.execute([x])
+    assert isinstance(out, np.ndarray) and out.flags.writeable
+    assert not np.shares_memory(out, x)
+    np.testing.assert_allclose(out, np.exp(x.astype(np.float64)), rtol=2e-6)
+    assert _C.cpu_bytes_in_use() >= base + out.nbytes
+    del out, fd
+    gc.collect()
+    assert _C.cpu_bytes_in_use() == base, "outputs and the inputs' imports must all be released"
+
+
+# ---- torch (not in the CPU venv; runs where torch is installed) --------------------------------
+
+def test_torch_in_torch_out(rng):
+    torch = pytest.importorskip("torch")
+    x = torch.from_numpy(random_array(rng, (6, 4), np.float32))
+    w = torch.from_numpy(random_array(rng, (3, 4), np.float32))
+    with FusionDefinition() as fd:
+        xt = fd.define_tensor([-1, 4])
+        wt = fd.define_tensor([3, 4])
+        fd.add_output(fd.ops.relu(fd.ops.linear(xt, wt)))
+    (out,) = fd.execute([x, w])
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    torch.testing.assert_close(out, torch.relu(x.double() @ w.double().T).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_import_is_zero_copy_and_keeps_the_tensor_alive():
+    torch = pytest.importorskip("torch")
+    x = torch.arange(12, dtype=torch.int64).reshape(3, 4)
+    t = _C.Tensor.from_dlpack(x)
+    assert t.data_ptr == x.data_ptr() and t.dtype == DataType.Int and t.shape == [3, 4]
+    del x
+    gc.collect()
+    assert t.item(11) == 11.0
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16", "bool"])
+def test_torch_dtypes_numpy_lacks_or_differs(dtype_name):
+    torch = pytest.importorskip("torch")
+    dtype = getattr(torch, dtype_name)
+    x = (torch.randn(4, 5) > 0) if dtype_name == "bool" else torch.randn(4, 5).to(dtype)
+    mf_dtype = {"bfloat16": DataType.BFloat16, "float16": DataType.Half, "bool": DataType.Bool}[dtype_name]
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1], mf_dtype)
+        fd.add_output(fd.ops.set(t))
+    (out,) = fd.execute([x])
+    assert out.dtype == dtype
+    assert torch.equal(out, x)
+
+
+def test_torch_cuda_in_cuda_out():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not _C.Communicator.instance().is_available(_C.CommunicatorBackend.cuda):
+        pytest.skip("needs a GPU and a meshfuse built with CUDA")
+    x = torch.randn(32, 16, device="cuda")
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, 16])
+        fd.add_output(fd.ops.mul(fd.ops.sigmoid(t), 2.0))
+    (out,) = fd.execute([x])
+    assert out.is_cuda
+    torch.testing.assert_close(out, torch.sigmoid(x) * 2.0, rtol=1e-5, atol=1e-5)
