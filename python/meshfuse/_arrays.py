@@ -9,7 +9,7 @@ from . import _C
 DataType = _C.DataType
 
 # numpy has no bfloat16: BFloat16 tensors travel as torch tensors only.
-_NUMPY_TO_DTYPE = {
+NUMPY_DTYPES = {
     np.dtype(np.float32): DataType.Float,
     np.dtype(np.float64): DataType.Double,
     np.dtype(np.float16): DataType.Half,
@@ -52,7 +52,7 @@ def type_name(obj):
 def dtype_of(obj):
     """(meshfuse DataType or None, the array's own dtype name) of an array-like."""
     if isinstance(obj, np.ndarray):
-        return _NUMPY_TO_DTYPE.get(obj.dtype), str(obj.dtype)
+        return NUMPY_DTYPES.get(obj.dtype), str(obj.dtype)
     if isinstance(obj, _C.Tensor):
         return obj.dtype, str(obj.dtype).split(".")[-1]
     if is_torch_tensor(obj):

@@ -5,27 +5,19 @@ import numbers
 import numpy as np
 
 from . import _C
+from ._arrays import NUMPY_DTYPES
 
 DataType = _C.DataType
 
-_NUMPY_SCALAR_DTYPES = {
-    np.dtype(np.float32): DataType.Float,
-    np.dtype(np.float64): DataType.Double,
-    np.dtype(np.float16): DataType.Half,
-    np.dtype(np.int64): DataType.Int,
-    np.dtype(np.int32): DataType.Int32,
-    np.dtype(np.bool_): DataType.Bool,
-}
-
 
 def is_number(x):
-    return isinstance(x, (bool, numbers.Integral, numbers.Real, np.generic)) and not isinstance(x, complex)
+    return isinstance(x, (numbers.Real, np.number, np.bool_)) and not isinstance(x, (complex, np.complexfloating))
 
 
 def dtype_of_number(x):
     """The DataType a Python/numpy number has as a constant (bool, int -> Int, float -> Double)."""
     if isinstance(x, np.generic):
-        dtype = _NUMPY_SCALAR_DTYPES.get(x.dtype)
+        dtype = NUMPY_DTYPES.get(x.dtype)
         if dtype is None:
             raise TypeError(f"numpy scalar of dtype {x.dtype} is not supported as an operand")
         return dtype
