@@ -14,7 +14,10 @@ bool abortOnTimeout() {
 
 void handleCommunicationTimeout(const CommunicationTimeout& e, const char* during) {
   const std::string message = std::string("communication timeout ") + during + ": " + e.what();
-  if (!abortOnTimeout()) throw CommunicationTimeout(message);
+  if (!abortOnTimeout()) {
+    Communicator::instance().markBroken();  // so that the process can still exit (without MPI_Finalize)
+    throw CommunicationTimeout(message);
+  }
   // abort() prints the reason, with the rank, before ending the job.
   Communicator::instance().abort(1, message + " (MESHFUSE_ABORT_ON_TIMEOUT=0 raises this instead of ending the job)");
 }

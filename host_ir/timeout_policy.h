@@ -4,7 +4,8 @@
 //   MESHFUSE_ABORT_ON_TIMEOUT unset or 1: print the error, with the rank, to stderr, then
 //     Communicator::abort (MPI_Abort on the world, code 1): every rank exits, mpirun exits non-zero.
 //   MESHFUSE_ABORT_ON_TIMEOUT=0: raise the CommunicationTimeout (Python: an exception) so the
-//     caller can report it; the communicator is unusable afterwards and the process should exit.
+//     caller can report it; the communicator is unusable afterwards (marked broken, so exit skips
+//     MPI_Finalize, which would wait for the missing rank) and the process should exit.
 // NCCL aborts its own communicators in its Work (ncclCommAbort) before the timeout reaches here.
 #pragma once
 #include <string>

@@ -108,6 +108,7 @@ Communicator::Communicator() {
   // member function may touch private members.
   std::atexit([] {
     Communicator& c = instance();
+    if (c.broken_) return;  // see markBroken: freeing or finalizing would wait for the missing rank
     {
       std::lock_guard<std::mutex> lock(c.mutex_);
       c.backends_.clear();  // backends may free MPI objects: before MPI_Finalize

@@ -2,6 +2,7 @@
 // world of size 1 when started without a launcher). It knows the world and hands out Backend
 // objects per (backend type, team), creating each lazily, collectively over the team's members.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -53,12 +54,18 @@ class Communicator {
 
   // Ends every process of the job (the last resort when a rank cannot make progress).
   [[noreturn]] void abort(int code, const std::string& why);
+  // After a communication timeout a half-done collective never completes, and MPI_Finalize would
+  // wait for the missing rank forever: once marked, exit skips the MPI cleanup (the process ends
+  // with its own exit code, and mpirun then ends the job).
+  void markBroken() { broken_ = true; }
+  bool broken() const { return broken_; }
 
  private:
   Communicator();
   ~Communicator();
   int64_t rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   bool finalize_mpi_ = false;
+  std::atomic<bool> broken_{false};
   std::mutex mutex_;
   std::map<std::pair<CommunicatorBackend, std::vector<int64_t>>, std::unique_ptr<Backend>> backends_;
   std::map<std::vector<int64_t>, void*> mpi_comms_;
