@@ -1,0 +1,64 @@
+#include "runtime/cuda/event_work.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/streams.h"
+
+namespace meshfuse::cuda {
+
+EventWork::EventWork(int device, cudaStream_t stream, std::string what, Hooks hooks)
+    : device_(device), what_(std::move(what)), hooks_(std::move(hooks)) {
+  DeviceGuard guard(device);
+  MESHFUSE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  MESHFUSE_CUDA_CHECK(cudaEventRecord(event_, stream));
+}
+
+EventWork::~EventWork() {
+  if (event_) cudaEventDestroy(event_);
+}
+
+bool EventWork::test() {
+  if (done_) return true;
+  DeviceGuard guard(device_);
+  cudaError_t st = cudaEventQuery(event_);
+  if (st == cudaSuccess) return done_ = true;
+  if (st != cudaErrorNotReady) MESHFUSE_CUDA_CHECK(st);
+  if (hooks_.async_error) {
+    std::string err = hooks_.async_error();
+    if (!err.empty()) throw std::runtime_error(what_ + " failed: " + err);
+  }
+  return false;
+}
+
+void EventWork::wait(std::chrono::milliseconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  for (int polls = 0; !test(); ++polls) {
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      if (hooks_.on_timeout) hooks_.on_timeout();
+      double waited = std::chrono::duration<double>(now - start).count();
+      throw CommunicationTimeout(what_ + ": not complete after waiting " + std::to_string(waited) + " s (timeout " +
+                                 std::to_string(timeout.count()) + " ms)" +
+                                 (hooks_.on_timeout ? "; the communicator was aborted" : ""));
+    }
+    // Spin briefly (short operations finish within microseconds), then back off.
+    if (polls < 1000)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+std::chrono::milliseconds bootstrapTimeout() {
+  if (const char* env = std::getenv("MESHFUSE_TIMEOUT")) {
+    char* end = nullptr;
+    double seconds = std::strtod(env, &end);
+    if (end != env && seconds > 0) return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+  return std::chrono::seconds(300);
+}
+
+}  // namespace meshfuse::cuda
