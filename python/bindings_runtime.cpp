@@ -58,8 +58,12 @@ py::capsule exportDlpack(const Tensor& t, const py::object& stream, const py::ob
 void bindRuntime(py::module_& m) {
   m.def("cpu_bytes_in_use", &cpuBytesInUse, "Bytes held by meshfuse's CPU allocator (for leak tests)");
   py::class_<Tensor>(m, "Tensor")
-      .def_static("from_dlpack", &tensorFromDlpack, py::arg("obj"),
-                  "Zero-copy import of a 'dltensor' capsule or an object with __dlpack__")
+      .def_static("from_dlpack", &tensorFromDlpack, py::arg("obj"), py::arg("uint8_as_bool") = false,
+                  "Zero-copy import of a DLPack capsule or an object with __dlpack__ (uint8_as_bool: read uint8 "
+                  "as Bool, for producers without DLPack's bool)")
+      .def(
+          "dlpack_bool_as_uint8", [](const Tensor& t) { return tensorToDlpack(defined(t), false, true); },
+          "An unversioned capsule that labels Bool data uint8, for consumers without DLPack's bool")
       .def_static(
           "zeros", [](const std::vector<int64_t>& shape, DataType dtype) { return Tensor::zeros(shape, dtype); },
           py::arg("shape"), py::arg("dtype"))

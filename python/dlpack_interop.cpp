@@ -106,7 +106,7 @@ void releaseImported(Managed* managed) {
 }
 
 template <typename Kind>
-Tensor importCapsule(PyObject* capsule) {
+Tensor importCapsule(PyObject* capsule, bool uint8_as_bool) {
   using Managed = typename Kind::Managed;
   auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, Kind::name));
   if (managed == nullptr) throw py::error_already_set();
@@ -119,6 +119,7 @@ Tensor importCapsule(PyObject* capsule) {
 
   // Validate everything before taking ownership, so a rejected capsule is still freed by its producer.
   std::optional<DataType> dtype = fromDlpack(dl.dtype);
+  if (uint8_as_bool && dl.dtype.code == kDLUInt && dl.dtype.bits == 8 && dl.dtype.lanes == 1) dtype = DataType::Bool;
   if (!dtype)
     throw py::type_error("DLPack dtype " + describe(dl.dtype) +
                          " is not supported (meshfuse holds float32/64, float16, bfloat16, int32/64 and bool)");
@@ -168,7 +169,7 @@ void destroyCapsule(PyObject* capsule) {
 }
 
 template <typename Kind>
-py::capsule exportCapsule(const Tensor& tensor) {
+py::capsule exportCapsule(const Tensor& tensor, bool bool_as_uint8) {
   using Managed = typename Kind::Managed;
   auto* ctx = new ExportContext{tensor, tensor.shape(), tensor.strides()};
   auto* managed = new Managed{};
@@ -185,6 +186,7 @@ py::capsule exportCapsule(const Tensor& tensor) {
   dl.shape = ctx->shape.data();
   dl.strides = ctx->strides.data();
   dl.dtype = toDlpack(tensor.dtype());
+  if (bool_as_uint8 && tensor.dtype() == DataType::Bool) dl.dtype.code = kDLUInt;
   Device d = tensor.device();
   dl.device.device_type = d.type == DeviceType::CPU ? kDLCPU : kDLCUDA;
   dl.device.device_id = d.type == DeviceType::CPU ? 0 : d.index;
@@ -199,7 +201,7 @@ py::capsule exportCapsule(const Tensor& tensor) {
 
 }  // namespace
 
-Tensor tensorFromDlpack(const py::object& obj) {
+Tensor tensorFromDlpack(const py::object& obj, bool uint8_as_bool) {
   py::object capsule = obj;
   if (!PyCapsule_CheckExact(obj.ptr())) {
     if (!py::hasattr(obj, "__dlpack__"))
@@ -209,8 +211,8 @@ Tensor tensorFromDlpack(const py::object& obj) {
     if (!PyCapsule_CheckExact(capsule.ptr())) throw py::type_error("__dlpack__() did not return a capsule");
   }
   PyObject* c = capsule.ptr();
-  if (PyCapsule_IsValid(c, Unversioned::name)) return importCapsule<Unversioned>(c);
-  if (PyCapsule_IsValid(c, Versioned::name)) return importCapsule<Versioned>(c);
+  if (PyCapsule_IsValid(c, Unversioned::name)) return importCapsule<Unversioned>(c, uint8_as_bool);
+  if (PyCapsule_IsValid(c, Versioned::name)) return importCapsule<Versioned>(c, uint8_as_bool);
   if (PyCapsule_IsValid(c, Unversioned::used_name) || PyCapsule_IsValid(c, Versioned::used_name))
     throw py::value_error("this DLPack capsule was already consumed (its name starts with 'used_')");
   const char* name = PyCapsule_GetName(c);
@@ -219,9 +221,10 @@ Tensor tensorFromDlpack(const py::object& obj) {
                         (name ? name : "(null)") + "'");
 }
 
-py::capsule tensorToDlpack(const Tensor& tensor, bool versioned) {
+py::capsule tensorToDlpack(const Tensor& tensor, bool versioned, bool bool_as_uint8) {
   if (!tensor.defined()) throw py::value_error("cannot export an undefined Tensor through DLPack");
-  return versioned ? exportCapsule<Versioned>(tensor) : exportCapsule<Unversioned>(tensor);
+  return versioned ? exportCapsule<Versioned>(tensor, bool_as_uint8)
+                   : exportCapsule<Unversioned>(tensor, bool_as_uint8);
 }
 
 py::tuple dlpackDevice(const Tensor& tensor) {

@@ -85,20 +85,60 @@ def to_tensor(obj):
         obj = np.array(obj, copy=True)
     if type(obj).__name__ == "PyCapsule":
         return _C.Tensor.from_dlpack(obj)
+    if _is_bool(obj) and not _exports_bool(obj):
+        # numpy < 2 and torch < 2 cannot put bool in DLPack: pass the same bytes as uint8.
+        return _C.Tensor.from_dlpack(_dlpack_of(_uint8_view(obj)), uint8_as_bool=True)
+    return _C.Tensor.from_dlpack(_dlpack_of(obj))
+
+
+def _dlpack_of(obj):
     device_type, _ = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
     if int(device_type) == _KDL_CUDA:
         # meshfuse's CUDA work runs on the legacy default stream (1) unless told otherwise: the
         # producer makes its pending work on its own stream visible there first.
-        return _C.Tensor.from_dlpack(obj.__dlpack__(stream=1))
-    return _C.Tensor.from_dlpack(obj.__dlpack__())
+        return obj.__dlpack__(stream=1)
+    return obj.__dlpack__()
+
+
+def _is_bool(obj):
+    return (isinstance(obj, np.ndarray) and obj.dtype == np.bool_) or (is_torch_tensor(obj) and str(obj.dtype) == "torch.bool")
+
+
+def _major_version(module):
+    return int(module.__version__.split(".")[0])
+
+
+def _exports_bool(obj):
+    """Whether obj's library knows DLPack's bool code (numpy >= 2, torch >= 2)."""
+    return _major_version(np if isinstance(obj, np.ndarray) else _torch()) >= 2
+
+
+def _uint8_view(obj):
+    return obj.view(np.uint8) if isinstance(obj, np.ndarray) else obj.view(_torch().uint8)
+
+
+class _Bool8Capsule:
+    """A DLPack producer of a Bool Tensor's bytes labelled uint8 (for numpy < 2 and torch < 2)."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def __dlpack__(self, stream=None):
+        return self._tensor.dlpack_bool_as_uint8()
+
+    def __dlpack_device__(self):
+        return self._tensor.__dlpack_device__()
 
 
 def to_numpy(tensor):
-    """A numpy array sharing the Tensor's memory (CPU tensors, dtypes numpy has)."""
+    """A numpy array sharing the Tensor's memory (CPU tensors, dtypes numpy has). With numpy >= 2 it
+    is writable; numpy 1.x marks every array it takes through DLPack read-only."""
     if tensor.dtype == DataType.BFloat16:
         raise TypeError("numpy has no bfloat16: pass torch tensors to get BFloat16 outputs, or cast to Float")
     if tensor.is_cuda:
         raise ValueError(f"a tensor on {tensor.device} cannot become a numpy array; pass torch tensors")
+    if tensor.dtype == DataType.Bool and _major_version(np) < 2:
+        return np.from_dlpack(_Bool8Capsule(tensor)).view(np.bool_)
     return np.from_dlpack(tensor)
 
 
@@ -107,4 +147,6 @@ def to_torch(tensor):
     torch = _torch()
     if torch is None:
         import torch  # noqa: F811  (the user passed torch inputs, so it is installed)
+    if tensor.dtype == DataType.Bool and _major_version(torch) < 2:
+        return torch.utils.dlpack.from_dlpack(tensor.dlpack_bool_as_uint8()).view(torch.bool)
     return torch.from_dlpack(tensor)
