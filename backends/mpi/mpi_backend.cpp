@@ -10,6 +10,7 @@
 namespace meshfuse {
 
 using mpi::MpiWork;
+using mpi::OpLabel;
 
 namespace {
 
@@ -17,33 +18,39 @@ const bool registered = registerBackend(
     CommunicatorBackend::Mpi,
     [](Communicator& c, const std::vector<int64_t>& team) { return std::make_unique<MpiBackend>(c, team); });
 
-// ---- argument checks: every rank throws the same error before any communication ----
+// ---- argument checks: every rank throws the same error before any communication. Messages are
+// built only on failure (this runs on every call). ----
 
-void checkTensor(const MpiBackend& backend, const std::string& op, const char* name, const Tensor& t) {
-  if (!t.defined()) throw std::invalid_argument(op + ": " + name + " is undefined");
-  if (!t.isContiguous()) throw std::invalid_argument(op + ": " + name + " " + t.toString() + " is not contiguous");
+void checkTensor(const MpiBackend& backend, const char* op, const char* name, const Tensor& t) {
+  const std::string where = std::string("mpi ") + op + ": " + name;
+  if (!t.defined()) throw std::invalid_argument(where + " is undefined");
+  if (!t.isContiguous()) throw std::invalid_argument(where + " " + t.toString() + " is not contiguous");
   if (!backend.supports(t.device()))
-    throw std::invalid_argument(op + ": " + name + " is on " + t.device().toString() +
+    throw std::invalid_argument(where + " is on " + t.device().toString() +
                                 ", which this build cannot stage through host memory (built without CUDA)");
 }
 
-void checkSameDtype(const std::string& op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
+void checkSameDtype(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
   if (a.dtype() != b.dtype())
-    throw std::invalid_argument(op + ": " + a_name + " is " + toString(a.dtype()) + " but " + b_name + " is " +
-                                toString(b.dtype()) + "; the MPI backend does not convert");
+    throw std::invalid_argument(std::string("mpi ") + op + ": " + a_name + " is " + toString(a.dtype()) + " but " +
+                                b_name + " is " + toString(b.dtype()) + "; the MPI backend does not convert");
 }
 
-void checkNumel(const std::string& op, const char* name, int64_t actual, int64_t expected, const std::string& why) {
-  if (actual != expected)
-    throw std::invalid_argument(op + ": " + name + " has " + std::to_string(actual) + " elements, expected " +
-                                std::to_string(expected) + " (" + why + ")");
+void checkSameNumel(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
+  if (a.numel() != b.numel())
+    throw std::invalid_argument(std::string("mpi ") + op + ": " + a_name + " has " + std::to_string(a.numel()) +
+                                " elements, expected " + std::to_string(b.numel()) + " (the same as " + b_name + ")");
 }
 
 // ---- staging: CPU tensors are used in place, CUDA tensors go through a host copy ----
 
 const void* hostSource(MpiWork& work, const Tensor& t) {
-  Tensor host = t.to(Device::cpu());  // itself for a CPU tensor
-  work.buffers.push_back(host);
+  if (t.device().type == DeviceType::CPU) {
+    work.buffers.push_back(t.storage());
+    return t.data();
+  }
+  Tensor host = t.to(Device::cpu());
+  work.buffers.push_back(host.storage());
   return host.data();
 }
 
@@ -51,7 +58,7 @@ const void* hostSource(MpiWork& work, const Tensor& t) {
 // Work completes. `copy_in`: the operation also reads `t` (in place).
 void* hostDestination(MpiWork& work, const Tensor& t, bool copy_in) {
   if (t.device().type == DeviceType::CPU) {
-    work.buffers.push_back(t);
+    work.buffers.push_back(t.storage());
     return t.data();
   }
   Tensor host = copy_in ? t.to(Device::cpu()) : Tensor::empty(t.shape(), t.dtype());
@@ -89,48 +96,40 @@ bool MpiBackend::supports(Device device) const {
   return device.type == DeviceType::CPU || cudaCopyBytes != nullptr;  // CUDA: staged through host
 }
 
-std::string MpiBackend::describe(const std::string& op, const Tensor* tensor) const {
-  return "mpi " + op + (tensor ? " (" + tensor->toString() + ")" : "") + " on team " + teamToString(team()) +
-         " at team rank " + std::to_string(rankInTeam()) + " (world rank " +
-         std::to_string(team()[static_cast<size_t>(rankInTeam())]) + ")";
-}
-
-int MpiBackend::blockCount(const std::string& op, int64_t numel) const {
+int MpiBackend::blockCount(const char* op, int64_t numel) const {
   if (numel > max_count_)
-    throw std::invalid_argument(op + ": a block of " + std::to_string(numel) + " elements exceeds the " +
-                                std::to_string(max_count_) +
+    throw std::invalid_argument(std::string("mpi ") + op + ": a block of " + std::to_string(numel) +
+                                " elements exceeds the " + std::to_string(max_count_) +
                                 " one MPI call carries (MPI counts are int); split the tensor into smaller pieces");
   return static_cast<int>(numel);
 }
 
-void MpiBackend::checkBlocks(const std::string& op, const char* whole_name, const Tensor& whole, const char* block_name,
+void MpiBackend::checkBlocks(const char* op, const char* whole_name, const Tensor& whole, const char* block_name,
                              const Tensor& block) const {
   checkTensor(*this, op, whole_name, whole);
   checkSameDtype(op, whole_name, whole, block_name, block);
-  checkNumel(op, whole_name, whole.numel(), teamSize() * block.numel(),
-             "team size " + std::to_string(teamSize()) + " x " + block_name + " " + std::to_string(block.numel()));
+  if (whole.numel() != teamSize() * block.numel())
+    throw std::invalid_argument(std::string("mpi ") + op + ": " + whole_name + " has " + std::to_string(whole.numel()) +
+                                " elements, expected " + std::to_string(teamSize() * block.numel()) + " (team size " +
+                                std::to_string(teamSize()) + " x " + block_name + " " + std::to_string(block.numel()) +
+                                ")");
 }
 
-void MpiBackend::checkRoot(const std::string& op, int64_t root) const {
-  if (root < 0 || root >= teamSize())
-    throw std::invalid_argument(op + ": root " + std::to_string(root) + " is not a team rank (team " +
-                                teamToString(team()) + " has " + std::to_string(teamSize()) + " members)");
-}
-
-void MpiBackend::checkPeer(const std::string& op, int64_t peer) const {
-  if (peer < 0 || peer >= teamSize())
-    throw std::invalid_argument(op + ": peer " + std::to_string(peer) + " is not a team rank (team " +
-                                teamToString(team()) + " has " + std::to_string(teamSize()) + " members)");
+void MpiBackend::checkTeamRank(const char* op, const char* role, int64_t rank) const {
+  if (rank < 0 || rank >= teamSize())
+    throw std::invalid_argument(std::string("mpi ") + op + ": " + role + " " + std::to_string(rank) +
+                                " is not a team rank (team " + teamToString(team()) + " has " +
+                                std::to_string(teamSize()) + " members)");
 }
 
 std::unique_ptr<Work> MpiBackend::allgather(const Tensor& input, Tensor& output) {
-  const std::string op = "mpi allgather";
+  constexpr const char* op = "allgather";
   checkTensor(*this, op, "input", input);
   checkBlocks(op, "output", output, "input", input);
   if (input.numel() == 0) return completedWork();
   const int count = blockCount(op, input.numel());
   const MPI_Datatype type = mpi::datatypeFor(input.dtype());
-  auto work = std::make_unique<MpiWork>(describe("allgather", &input), false);
+  auto work = std::make_unique<MpiWork>(OpLabel{op, this, input.dtype(), input.numel()}, false);
   // The input may already be this rank's block of the output.
   const bool in_place = sameBytes(input, byteAt(output, rankInTeam() * static_cast<int64_t>(input.nbytes())));
   const void* in = in_place ? MPI_IN_PLACE : hostSource(*work, input);
@@ -140,12 +139,12 @@ std::unique_ptr<Work> MpiBackend::allgather(const Tensor& input, Tensor& output)
 }
 
 std::unique_ptr<Work> MpiBackend::allreduce(Tensor& tensor, ReduceOp op) {
-  const std::string name = "mpi allreduce(" + toString(op) + ")";
+  constexpr const char* name = "allreduce";
   checkTensor(*this, name, "tensor", tensor);
   if (tensor.numel() == 0) return completedWork();
   const MPI_Datatype type = mpi::datatypeFor(tensor.dtype());
   const MPI_Op mpi_op = mpi::opFor(op, tensor.dtype());
-  auto work = std::make_unique<MpiWork>(describe("allreduce(" + toString(op) + ")", &tensor), false);
+  auto work = std::make_unique<MpiWork>(OpLabel{name, this, tensor.dtype(), tensor.numel(), op}, false);
   char* buffer = static_cast<char*>(hostDestination(*work, tensor, /*copy_in=*/true));
   const size_t item = tensor.itemsize();
   issueInChunks(*work, tensor.numel(), max_count_, "MPI_Iallreduce", [&](int64_t offset, int count, MPI_Request* r) {
@@ -155,13 +154,13 @@ std::unique_ptr<Work> MpiBackend::allreduce(Tensor& tensor, ReduceOp op) {
 }
 
 std::unique_ptr<Work> MpiBackend::reduceScatter(const Tensor& input, Tensor& output, ReduceOp op) {
-  const std::string name = "mpi reduceScatter(" + toString(op) + ")";
+  constexpr const char* name = "reduceScatter";
   checkTensor(*this, name, "output", output);
   checkBlocks(name, "input", input, "output", output);
   if (output.numel() == 0) return completedWork();
   const int count = blockCount(name, output.numel());
   const MPI_Datatype type = mpi::datatypeFor(input.dtype());
-  auto work = std::make_unique<MpiWork>(describe("reduceScatter(" + toString(op) + ")", &input), false);
+  auto work = std::make_unique<MpiWork>(OpLabel{name, this, input.dtype(), input.numel(), op}, false);
   const void* in = hostSource(*work, input);
   void* out = hostDestination(*work, output, false);
   mpi::check(MPI_Ireduce_scatter_block(in, out, count, type, mpi::opFor(op, input.dtype()), comm_, newRequest(*work)),
@@ -170,20 +169,19 @@ std::unique_ptr<Work> MpiBackend::reduceScatter(const Tensor& input, Tensor& out
 }
 
 std::unique_ptr<Work> MpiBackend::reduce(const Tensor& input, Tensor& output, int64_t root, ReduceOp op) {
-  const std::string name = "mpi reduce(" + toString(op) + ")";
-  checkRoot(name, root);
+  constexpr const char* name = "reduce";
+  checkTeamRank(name, "root", root);
   checkTensor(*this, name, "input", input);
   const bool is_root = rankInTeam() == root;
   if (is_root) {
     checkTensor(*this, name, "output (on the root)", output);
     checkSameDtype(name, "input", input, "output", output);
-    checkNumel(name, "output", output.numel(), input.numel(), "the same as input");
+    checkSameNumel(name, "output", output, "input", input);
   }
   if (input.numel() == 0) return completedWork();
   const MPI_Datatype type = mpi::datatypeFor(input.dtype());
   const MPI_Op mpi_op = mpi::opFor(op, input.dtype());
-  auto work = std::make_unique<MpiWork>(
-      describe("reduce(" + toString(op) + ") to root " + std::to_string(root), &input), false);
+  auto work = std::make_unique<MpiWork>(OpLabel{name, this, input.dtype(), input.numel(), op, "to root", root}, false);
   const bool in_place = is_root && sameBytes(input, output.data());
   const char* in = in_place ? nullptr : static_cast<const char*>(hostSource(*work, input));
   char* out = is_root ? static_cast<char*>(hostDestination(*work, output, in_place)) : nullptr;
@@ -197,12 +195,13 @@ std::unique_ptr<Work> MpiBackend::reduce(const Tensor& input, Tensor& output, in
 }
 
 std::unique_ptr<Work> MpiBackend::broadcast(Tensor& tensor, int64_t root) {
-  const std::string name = "mpi broadcast";
-  checkRoot(name, root);
+  constexpr const char* name = "broadcast";
+  checkTeamRank(name, "root", root);
   checkTensor(*this, name, "tensor", tensor);
   if (tensor.numel() == 0) return completedWork();
   const MPI_Datatype type = mpi::datatypeFor(tensor.dtype());
-  auto work = std::make_unique<MpiWork>(describe("broadcast from root " + std::to_string(root), &tensor), false);
+  auto work = std::make_unique<MpiWork>(
+      OpLabel{name, this, tensor.dtype(), tensor.numel(), std::nullopt, "from root", root}, false);
   // The root only sends: its tensor is not written, so it needs no copy back.
   char* buffer = rankInTeam() == root ? const_cast<char*>(static_cast<const char*>(hostSource(*work, tensor)))
                                       : static_cast<char*>(hostDestination(*work, tensor, false));
@@ -214,15 +213,16 @@ std::unique_ptr<Work> MpiBackend::broadcast(Tensor& tensor, int64_t root) {
 }
 
 std::unique_ptr<Work> MpiBackend::gather(const Tensor& input, Tensor& output, int64_t root) {
-  const std::string name = "mpi gather";
-  checkRoot(name, root);
+  constexpr const char* name = "gather";
+  checkTeamRank(name, "root", root);
   checkTensor(*this, name, "input", input);
   const bool is_root = rankInTeam() == root;
   if (is_root) checkBlocks(name, "output (on the root)", output, "input", input);
   if (input.numel() == 0) return completedWork();
   const int count = blockCount(name, input.numel());
   const MPI_Datatype type = mpi::datatypeFor(input.dtype());
-  auto work = std::make_unique<MpiWork>(describe("gather to root " + std::to_string(root), &input), false);
+  auto work = std::make_unique<MpiWork>(
+      OpLabel{name, this, input.dtype(), input.numel(), std::nullopt, "to root", root}, false);
   const bool in_place = is_root && sameBytes(input, byteAt(output, root * static_cast<int64_t>(input.nbytes())));
   const void* in = in_place ? MPI_IN_PLACE : hostSource(*work, input);
   void* out = is_root ? hostDestination(*work, output, in_place) : nullptr;
@@ -232,15 +232,16 @@ std::unique_ptr<Work> MpiBackend::gather(const Tensor& input, Tensor& output, in
 }
 
 std::unique_ptr<Work> MpiBackend::scatter(const Tensor& input, Tensor& output, int64_t root) {
-  const std::string name = "mpi scatter";
-  checkRoot(name, root);
+  constexpr const char* name = "scatter";
+  checkTeamRank(name, "root", root);
   checkTensor(*this, name, "output", output);
   const bool is_root = rankInTeam() == root;
   if (is_root) checkBlocks(name, "input (on the root)", input, "output", output);
   if (output.numel() == 0) return completedWork();
   const int count = blockCount(name, output.numel());
   const MPI_Datatype type = mpi::datatypeFor(output.dtype());
-  auto work = std::make_unique<MpiWork>(describe("scatter from root " + std::to_string(root), &output), false);
+  auto work = std::make_unique<MpiWork>(
+      OpLabel{name, this, output.dtype(), output.numel(), std::nullopt, "from root", root}, false);
   const void* in = is_root ? hostSource(*work, input) : nullptr;
   void* out = hostDestination(*work, output, false);
   mpi::check(MPI_Iscatter(in, count, type, out, count, type, static_cast<int>(root), comm_, newRequest(*work)),
@@ -249,18 +250,18 @@ std::unique_ptr<Work> MpiBackend::scatter(const Tensor& input, Tensor& output, i
 }
 
 std::unique_ptr<Work> MpiBackend::allToAll(const Tensor& input, Tensor& output) {
-  const std::string name = "mpi allToAll";
+  constexpr const char* name = "allToAll";
   checkTensor(*this, name, "input", input);
   checkTensor(*this, name, "output", output);
   checkSameDtype(name, "input", input, "output", output);
-  checkNumel(name, "output", output.numel(), input.numel(), "the same as input");
+  checkSameNumel(name, "output", output, "input", input);
   if (input.numel() % teamSize() != 0)
-    throw std::invalid_argument(name + ": input has " + std::to_string(input.numel()) +
+    throw std::invalid_argument(std::string("mpi ") + name + ": input has " + std::to_string(input.numel()) +
                                 " elements, not divisible by the team size " + std::to_string(teamSize()));
   if (input.numel() == 0) return completedWork();
   const int count = blockCount(name, input.numel() / teamSize());
   const MPI_Datatype type = mpi::datatypeFor(input.dtype());
-  auto work = std::make_unique<MpiWork>(describe("allToAll", &input), false);
+  auto work = std::make_unique<MpiWork>(OpLabel{name, this, input.dtype(), input.numel()}, false);
   const void* in = hostSource(*work, input);
   void* out = hostDestination(*work, output, false);
   mpi::check(MPI_Ialltoall(in, count, type, out, count, type, comm_, newRequest(*work)), "MPI_Ialltoall");
@@ -272,12 +273,13 @@ std::unique_ptr<Work> MpiBackend::allToAll(const Tensor& input, Tensor& output) 
 constexpr int kPointToPointTag = 7;
 
 std::unique_ptr<Work> MpiBackend::send(const Tensor& tensor, int64_t dst) {
-  const std::string name = "mpi send";
-  checkPeer(name, dst);
+  constexpr const char* name = "send";
+  checkTeamRank(name, "peer", dst);
   checkTensor(*this, name, "tensor", tensor);
   if (tensor.numel() == 0) return completedWork();
   const MPI_Datatype type = mpi::datatypeFor(tensor.dtype());
-  auto work = std::make_unique<MpiWork>(describe("send to team rank " + std::to_string(dst), &tensor), false);
+  auto work = std::make_unique<MpiWork>(
+      OpLabel{name, this, tensor.dtype(), tensor.numel(), std::nullopt, "to team rank", dst}, false);
   const char* buffer = static_cast<const char*>(hostSource(*work, tensor));
   const size_t item = tensor.itemsize();
   issueInChunks(*work, tensor.numel(), max_count_, "MPI_Isend", [&](int64_t offset, int count, MPI_Request* r) {
@@ -287,12 +289,13 @@ std::unique_ptr<Work> MpiBackend::send(const Tensor& tensor, int64_t dst) {
 }
 
 std::unique_ptr<Work> MpiBackend::recv(Tensor& tensor, int64_t src) {
-  const std::string name = "mpi recv";
-  checkPeer(name, src);
+  constexpr const char* name = "recv";
+  checkTeamRank(name, "peer", src);
   checkTensor(*this, name, "tensor", tensor);
   if (tensor.numel() == 0) return completedWork();
   const MPI_Datatype type = mpi::datatypeFor(tensor.dtype());
-  auto work = std::make_unique<MpiWork>(describe("recv from team rank " + std::to_string(src), &tensor), true);
+  auto work = std::make_unique<MpiWork>(
+      OpLabel{name, this, tensor.dtype(), tensor.numel(), std::nullopt, "from team rank", src}, true);
   char* buffer = static_cast<char*>(hostDestination(*work, tensor, false));
   const size_t item = tensor.itemsize();
   issueInChunks(*work, tensor.numel(), max_count_, "MPI_Irecv", [&](int64_t offset, int count, MPI_Request* r) {
@@ -302,7 +305,7 @@ std::unique_ptr<Work> MpiBackend::recv(Tensor& tensor, int64_t src) {
 }
 
 std::unique_ptr<Work> MpiBackend::barrier() {
-  auto work = std::make_unique<MpiWork>(describe("barrier", nullptr), false);
+  auto work = std::make_unique<MpiWork>(OpLabel{"barrier", this}, false);
   mpi::check(MPI_Ibarrier(comm_, newRequest(*work)), "MPI_Ibarrier");
   return work;
 }

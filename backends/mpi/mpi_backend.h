@@ -35,15 +35,13 @@ class MpiBackend final : public Backend {
   std::unique_ptr<Work> barrier() override;
 
  private:
-  // "mpi allgather (Float[8]) on team [0, 1] at team rank 1": how messages name an operation.
-  std::string describe(const std::string& op, const Tensor* tensor) const;
   // The element count of one MPI call; throws naming `op` when it does not fit.
-  int blockCount(const std::string& op, int64_t numel) const;
+  int blockCount(const char* op, int64_t numel) const;
   // `whole` must be teamSize() blocks of `block`'s size and dtype (allgather, gather, ...).
-  void checkBlocks(const std::string& op, const char* whole_name, const Tensor& whole, const char* block_name,
+  void checkBlocks(const char* op, const char* whole_name, const Tensor& whole, const char* block_name,
                    const Tensor& block) const;
-  void checkRoot(const std::string& op, int64_t root) const;
-  void checkPeer(const std::string& op, int64_t peer) const;
+  // A root or peer (`role`) must be a team rank.
+  void checkTeamRank(const char* op, const char* role, int64_t rank) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int64_t max_count_;

@@ -10,9 +10,20 @@ namespace {
 // when a Work is dropped unwaited.
 struct Abandoned {
   std::vector<MPI_Request> requests;
-  std::vector<Tensor> buffers;
+  std::vector<std::shared_ptr<Storage>> buffers;
+  std::vector<std::pair<Tensor, Tensor>> copies_back;
 };
 }  // namespace
+
+std::string OpLabel::toString() const {
+  std::string text = std::string("mpi ") + op;
+  if (reduce) text += "(" + meshfuse::toString(*reduce) + ")";
+  if (peer_role) text += std::string(" ") + peer_role + " " + std::to_string(peer);
+  if (numel > 0) text += " (" + meshfuse::toString(dtype) + ", " + std::to_string(numel) + " elements)";
+  const int64_t me = backend->rankInTeam();
+  return text + " on team " + teamToString(backend->team()) + " at team rank " + std::to_string(me) + " (world rank " +
+         std::to_string(backend->team()[static_cast<size_t>(me)]) + ")";
+}
 
 MpiWork::~MpiWork() {
   if (!finished_ && !isFinalized()) abandon();
@@ -21,15 +32,22 @@ MpiWork::~MpiWork() {
 bool MpiWork::test() {
   if (finished_) return true;
   int done = 0;
-  check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), what_.c_str());
+  const int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) check(rc, label_.toString().c_str());
   if (done) finish();
   return finished_;
 }
 
 void MpiWork::wait(std::chrono::milliseconds timeout) {
-  if (finished_) return;
+  if (test()) return;  // a small operation is often done already: no clock reads
   const auto start = std::chrono::steady_clock::now();
-  if (pollUntil(requests, start + timeout)) {
+  bool done = false;
+  try {
+    done = pollUntil(requests, start + timeout);
+  } catch (const std::runtime_error& e) {  // an MPI error: say which operation met it
+    throw std::runtime_error(label_.toString() + ": " + e.what());
+  }
+  if (done) {
     finish();
     return;
   }
@@ -43,7 +61,7 @@ void MpiWork::wait(std::chrono::milliseconds timeout) {
   } else {
     abandon();
   }
-  throw CommunicationTimeout(what_ + ": waited " + waited + " (timeout " + std::to_string(timeout.count()) +
+  throw CommunicationTimeout(label_.toString() + ": waited " + waited + " (timeout " + std::to_string(timeout.count()) +
                              " ms); a member of the team did not take part");
 }
 
@@ -56,7 +74,7 @@ void MpiWork::finish() {
 }
 
 void MpiWork::abandon() {
-  static_cast<void>(new Abandoned{std::move(requests), std::move(buffers)});  // never deleted, see Abandoned
+  static_cast<void>(new Abandoned{std::move(requests), std::move(buffers), std::move(copies_back)});  // never deleted
   requests.clear();
   buffers.clear();
   copies_back.clear();

@@ -3,6 +3,8 @@
 #pragma once
 #include <mpi.h>
 
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,12 +13,26 @@
 
 namespace meshfuse::mpi {
 
+// What messages say about an operation. Kept as parts and turned into text only when a message
+// is needed: building strings on every call would cost microseconds per small collective.
+struct OpLabel {
+  const char* op;          // "allreduce"
+  const Backend* backend;  // its team and my place in it (a backend outlives its Works)
+  DataType dtype = DataType::Float;
+  int64_t numel = 0;
+  std::optional<ReduceOp> reduce = std::nullopt;
+  const char* peer_role = nullptr;  // "to root", "from team rank", ...
+  int64_t peer = -1;
+  // "mpi reduce(sum) to root 1 (Float, 53 elements) on team [0, 1] at team rank 0 (world rank 0)"
+  std::string toString() const;
+};
+
 class MpiWork final : public Work {
  public:
-  // `what` names the operation, team and rank for timeout messages. A cancellable Work (a recv)
-  // is cancelled on timeout; any other pending operation cannot be (MPI forbids cancelling
-  // collectives, and Open MPI cannot cancel sends), so it is abandoned with its buffers.
-  MpiWork(std::string what, bool cancellable) : what_(std::move(what)), cancellable_(cancellable) {}
+  // A cancellable Work (a recv) is cancelled on timeout; any other pending operation cannot be
+  // (MPI forbids cancelling collectives, and Open MPI cannot cancel sends), so it is abandoned
+  // together with its buffers.
+  MpiWork(OpLabel label, bool cancellable) : label_(label), cancellable_(cancellable) {}
   ~MpiWork() override;
 
   void wait(std::chrono::milliseconds timeout) override;
@@ -24,14 +40,14 @@ class MpiWork final : public Work {
 
   // Filled by the backend while it issues the operation.
   std::vector<MPI_Request> requests;
-  std::vector<Tensor> buffers;                         // kept alive until the requests complete
+  std::vector<std::shared_ptr<Storage>> buffers;       // kept alive until the requests complete
   std::vector<std::pair<Tensor, Tensor>> copies_back;  // (host staging tensor, CUDA destination)
 
  private:
   void finish();   // runs the copies back, once
   void abandon();  // hands pending requests and their buffers to a holder that is never freed
 
-  std::string what_;
+  OpLabel label_;
   bool cancellable_;
   bool finished_ = false;
 };
