@@ -1,0 +1,389 @@
+// A seeded generator of small random fusions for the fuzz tests: random ops of ops/ops.h over
+// random tiny shapes (with broadcasting and symbolic extents) and dtypes, random shardings over a
+// 1-D mesh of the world, and, in a quarter of the cases, one deliberate mistake (a Mutation) that
+// meshfuse must reject with a UserError. Every rank that uses the same seed builds the same case;
+// `args` holds this rank's shards.
+#pragma once
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fuzz_reference.h"
+#include "host_ir/fusion_executor.h"
+#include "ops/ops.h"
+
+namespace meshfuse::testing {
+
+enum class Mutation {
+  None,
+  NonBroadcastingBinary,  // operands with extents 2+ that differ
+  SymbolicMismatch,       // the same, hidden behind symbolic extents: caught when shapes bind
+  BadReductionAxis,
+  BadPermutation,
+  LinearMismatchedK,
+  WrongInputExtent,  // execute() gets an input one longer along an axis
+  WrongInputDtype,
+  WrongInputCount,
+  UnevenShard,      // a sharded axis that does not split evenly over the mesh
+  MismatchedSplit,  // split into more parts than the mesh has devices
+  BadAxis,          // split / parallelize a loop axis that does not exist
+  MeshBeyondWorld,  // a mesh naming a device the world does not have
+};
+
+inline const char* toString(Mutation m) {
+  static const char* names[] = {"none",
+                                "non-broadcasting binary",
+                                "symbolic mismatch",
+                                "bad reduction axis",
+                                "bad permutation",
+                                "linear mismatched K",
+                                "wrong input extent",
+                                "wrong input dtype",
+                                "wrong input count",
+                                "uneven shard",
+                                "mismatched split",
+                                "bad axis",
+                                "mesh beyond world"};
+  return names[static_cast<int>(m)];
+}
+
+struct FuzzCase {
+  std::shared_ptr<Fusion> fusion = std::make_shared<Fusion>();
+  std::vector<RefTensor> global_inputs;  // per fusion input, unsharded
+  std::vector<Argument> args;            // what this rank passes to execute()
+  Mutation mutation = Mutation::None;
+};
+
+class FusionFuzzer {
+ public:
+  FusionFuzzer(uint64_t seed, int64_t world_size, int64_t rank) : gen_(seed), n_(world_size), rank_(rank) {}
+
+  Mutation mutation() const { return case_.mutation; }
+  const FuzzCase& current() const { return case_; }
+
+  // Builds the case; a mutation may make the definition itself throw UserError (then mutation()
+  // tells which, and current().fusion holds the part built so far).
+  FuzzCase& make() {
+    std::vector<Mutation> all;
+    for (int m = 1; m <= static_cast<int>(Mutation::MeshBeyondWorld); ++m) all.push_back(static_cast<Mutation>(m));
+    if (chance(0.25)) case_.mutation = all[pick(all.size())];
+    multi_ = chance(0.7) || case_.mutation == Mutation::UnevenShard || case_.mutation == Mutation::MismatchedSplit ||
+             case_.mutation == Mutation::BadAxis || case_.mutation == Mutation::MeshBeyondWorld;
+    const int inputs = 1 + static_cast<int>(pick(2));
+    for (int i = 0; i < inputs; ++i) newInput(randomShape(), randomDtype(), chance(0.2));
+    const int steps = 1 + static_cast<int>(pick(5));
+    for (int i = 0; i < steps; ++i) step();
+    mutateDefinition();
+    Fusion& f = *case_.fusion;
+    f.addOutput(pool_.back().tv);
+    if (pool_.size() > 2 && chance(0.3)) {
+      const Node& extra = pool_[pick(pool_.size())];
+      if (!f.isInput(extra.tv)) f.addOutput(extra.tv);
+    }
+    if (multi_) shardAll();
+    bindArguments();
+    return case_;
+  }
+
+ private:
+  struct Node {
+    TensorView* tv;
+    std::vector<int64_t> shape;  // the actual global extents
+  };
+
+  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(gen_) < p; }
+  size_t pick(size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(gen_); }
+  const Node& any() { return pool_[pick(pool_.size())]; }
+  bool isFloat(DataType d) { return isFloatingPoint(d); }
+
+  int64_t randomExtent() {
+    // Multiples of the world size shard evenly; the rest exercise broadcasting and uneven splits.
+    const int64_t choices[] = {1, n_, 2 * n_, 3, 2};
+    return choices[pick(5)];
+  }
+  std::vector<int64_t> randomShape() {
+    std::vector<int64_t> s(1 + pick(3));
+    for (int64_t& e : s) e = randomExtent();
+    return s;
+  }
+  DataType randomDtype() {
+    const DataType d[] = {DataType::Float, DataType::Float, DataType::Float, DataType::Double,  DataType::Double,
+                          DataType::Int,   DataType::Int32, DataType::Half,  DataType::BFloat16};
+    return d[pick(9)];
+  }
+
+  // A new fusion input of global `shape`, with random data exactly representable in every dtype.
+  TensorView* newInput(const std::vector<int64_t>& shape, DataType dtype, bool symbolic,
+                       std::vector<int64_t> defined = {}) {
+    if (defined.empty()) {
+      defined = shape;
+      if (symbolic)
+        for (int64_t& e : defined) e = chance(0.5) ? -1 : e;
+    }
+    TensorView* tv = case_.fusion->newTensor(dtype, defined);
+    case_.fusion->addInput(tv);
+    RefTensor data{shape, std::vector<double>(static_cast<size_t>(numelOf(shape)))};
+    for (double& v : data.data)
+      v = isFloat(dtype) ? static_cast<double>(static_cast<int>(pick(17)) - 8) / 4 : static_cast<double>(pick(7)) - 3;
+    case_.global_inputs.push_back(data);
+    pool_.push_back({tv, shape});
+    return tv;
+  }
+
+  static bool broadcasts(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+    for (size_t i = 1; i <= std::min(a.size(), b.size()); ++i) {
+      int64_t x = a[a.size() - i], y = b[b.size() - i];
+      if (x != y && x != 1 && y != 1) return false;
+    }
+    return true;
+  }
+  static std::vector<int64_t> broadcastShape(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+    std::vector<int64_t> out(std::max(a.size(), b.size()), 1);
+    for (const auto* s : {&a, &b})
+      for (size_t d = 0; d < s->size(); ++d) {
+        int64_t& o = out[out.size() - s->size() + d];
+        o = std::max(o, (*s)[d]);
+      }
+    return out;
+  }
+
+  void push(TensorView* tv, std::vector<int64_t> shape) { pool_.push_back({tv, std::move(shape)}); }
+
+  // One random valid op appended to the fusion.
+  void step() {
+    const double r = std::uniform_real_distribution<double>(0, 1)(gen_);
+    const Node a = any();
+    const int64_t rank = static_cast<int64_t>(a.shape.size());
+    if (r < 0.25) {
+      const OpType ops[] = {OpType::Neg, OpType::Abs, OpType::Relu, OpType::Sigmoid, OpType::Tanh};
+      push(ops::unary(ops[pick(5)], a.tv), a.shape);
+    } else if (r < 0.55) {
+      const OpType ops[] = {OpType::Add, OpType::Sub, OpType::Mul, OpType::Max, OpType::Min};
+      const OpType op = ops[pick(5)];
+      if (chance(0.2)) {  // an integral constant, exact in every dtype
+        push(ops::binary(op, a.tv, case_.fusion->newScalar(DataType::Double, static_cast<double>(pick(5)) - 2)),
+             a.shape);
+        return;
+      }
+      for (int tries = 0; tries < 8; ++tries) {
+        const Node b = any();
+        if (broadcasts(a.shape, b.shape)) {
+          push(ops::binary(op, a.tv, b.tv), broadcastShape(a.shape, b.shape));
+          return;
+        }
+      }
+      std::vector<int64_t> b_shape = a.shape;  // a compatible new input: some extents become 1
+      for (int64_t& e : b_shape) e = chance(0.3) ? 1 : e;
+      if (b_shape.size() > 1 && chance(0.3)) b_shape.erase(b_shape.begin());
+      TensorView* b = newInput(b_shape, randomDtype(), chance(0.2));
+      const bool swap = chance(0.5);  // either order; the result has a's shape as b broadcasts to it
+      push(ops::binary(op, swap ? b : a.tv, swap ? a.tv : b), a.shape);
+    } else if (r < 0.63) {
+      const DataType to[] = {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16};
+      push(ops::cast(a.tv, to[pick(4)]), a.shape);
+    } else if (r < 0.75) {
+      int64_t axis = static_cast<int64_t>(pick(a.shape.size()));
+      bool keepdim = chance(0.5);
+      std::vector<int64_t> shape;
+      for (int64_t d = 0; d < rank; ++d)
+        if (d != axis)
+          shape.push_back(a.shape[d]);
+        else if (keepdim)
+          shape.push_back(1);
+      if (shape.empty()) keepdim = true, shape = {1};  // keep results at rank >= 1
+      push(ops::reduction(chance(0.6) ? OpType::Sum : OpType::ReduceMax, a.tv, {chance(0.3) ? axis - rank : axis},
+                          keepdim),
+           shape);
+    } else if (r < 0.83 && rank < 3) {
+      const int64_t at = static_cast<int64_t>(pick(a.shape.size() + 1));
+      std::vector<int64_t> shape = a.shape, dims;
+      shape.insert(shape.begin() + at, randomExtent());
+      for (int64_t d = 0; d <= rank; ++d)
+        if (d != at) dims.push_back(d);
+      for (size_t i = 0; i < a.shape.size(); ++i)  // size-1 axes may also expand
+        if (a.shape[i] == 1 && chance(0.3)) shape[static_cast<size_t>(dims[i])] = randomExtent();
+      push(ops::broadcastInDim(a.tv, shape, dims), shape);
+    } else if (r < 0.91 && rank >= 2) {
+      std::vector<int64_t> perm(static_cast<size_t>(rank));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), gen_);
+      std::vector<int64_t> shape;
+      for (int64_t d : perm) shape.push_back(a.shape[static_cast<size_t>(d)]);
+      push(ops::permute(a.tv, perm), shape);
+    } else if (r < 0.95 && n_ == 1) {
+      // Reshape only on one device: with a real split, the resharding pass maps reshape's leading
+      // axis to the output's without checking that both leading extents divide by the mesh size,
+      // and the CPU view then fails with std::invalid_argument (reported; see the DISABLED_ test in
+      // tests/cpp/mp/test_fuzz_multidevice.cpp).
+      const int64_t n = numelOf(a.shape);
+      std::vector<int64_t> shape = n % 2 == 0 && chance(0.5) ? std::vector<int64_t>{2, n / 2} : std::vector<int64_t>{n};
+      std::vector<int64_t> target = shape;
+      if (chance(0.3)) target.back() = -1;
+      push(ops::reshape(a.tv, target), shape);
+    } else if (rank == 2 && isFloat(a.tv->dtype())) {
+      const int64_t k = a.shape[1], out = randomExtent();
+      TensorView* w = newInput({out, k}, a.tv->dtype(), false);
+      push(ops::linear(a.tv, w), {a.shape[0], out});
+    } else {
+      push(ops::unary(OpType::Neg, a.tv), a.shape);
+    }
+  }
+
+  // Mutations of the definition; each must raise UserError (at definition or at execute).
+  void mutateDefinition() {
+    const Node a = pool_.back();
+    const int64_t rank = static_cast<int64_t>(a.shape.size());
+    switch (case_.mutation) {
+      case Mutation::NonBroadcastingBinary: {
+        TensorView* x = newInput({3, 2}, DataType::Float, false);
+        TensorView* y = newInput({2, 2}, DataType::Float, false);
+        push(ops::binary(OpType::Add, x, y), {3, 2});
+        break;
+      }
+      case Mutation::SymbolicMismatch: {  // {-1, 2} and {-1, 2} agree at definition; 3 vs 2 at execute
+        TensorView* x = newInput({3, 2}, DataType::Float, false, std::vector<int64_t>{-1, 2});
+        TensorView* y = newInput({2, 2}, DataType::Float, false, std::vector<int64_t>{-1, 2});
+        push(ops::binary(OpType::Mul, x, y), {3, 2});
+        break;
+      }
+      case Mutation::BadReductionAxis:
+        push(ops::reduction(OpType::Sum, a.tv, {chance(0.5) ? rank : -rank - 1}, false), a.shape);
+        break;
+      case Mutation::BadPermutation: {
+        std::vector<int64_t> perm(static_cast<size_t>(rank), 0);  // duplicates (or, for rank 1, too long)
+        if (rank == 1) perm = {0, 0};
+        push(ops::permute(a.tv, perm), a.shape);
+        break;
+      }
+      case Mutation::LinearMismatchedK: {
+        TensorView* x = newInput({2, 3}, DataType::Float, false);
+        TensorView* w = newInput({4, 2}, DataType::Float, false);
+        push(ops::linear(x, w), {2, 4});
+        break;
+      }
+      default: break;  // the others act on shardings or arguments
+    }
+  }
+
+  std::vector<int64_t> worldDevices() const {
+    std::vector<int64_t> d(static_cast<size_t>(n_));
+    std::iota(d.begin(), d.end(), 0);
+    return d;
+  }
+
+  // Every tensor on the world mesh; the sharding mutation (on a tensor that is surely checked: an
+  // input or the last output) first, then random even shardings of other tensors.
+  void shardAll() {
+    const DeviceMesh world(worldDevices());
+    for (const auto& v : case_.fusion->vals())
+      if (v->isTensor()) static_cast<TensorView*>(v.get())->setDeviceMesh(world);
+    std::vector<size_t> live;
+    for (size_t i = 0; i < pool_.size(); ++i)
+      if (case_.fusion->isInput(pool_[i].tv) || i + 1 == pool_.size()) live.push_back(i);
+    Node& victim = pool_[live[pick(live.size())]];
+    const int64_t victim_rank = static_cast<int64_t>(victim.shape.size());
+    switch (case_.mutation) {
+      case Mutation::UnevenShard: {  // an extent the parts do not divide (for n == 1: 2 parts)
+        const int64_t parts = n_ == 1 ? 2 : n_;
+        std::vector<int64_t> uneven;
+        for (int64_t d = 0; d < victim_rank; ++d)  // a symbolic input extent would just bind larger
+          if (victim.shape[d] % parts != 0 && victim.tv->shape()[d] >= 0) uneven.push_back(d);
+        if (uneven.empty())
+          shard(victim.tv, 0, n_ + 1);  // no such axis: more parts than devices instead
+        else
+          shard(victim.tv, uneven[pick(uneven.size())], parts);
+        break;
+      }
+      case Mutation::MismatchedSplit:
+        shard(victim.tv, static_cast<int64_t>(pick(victim.shape.size())), 2 * n_ + 1);
+        break;
+      case Mutation::BadAxis: {
+        const int64_t bad = static_cast<int64_t>(victim.tv->loop().size()) + static_cast<int64_t>(pick(2));
+        if (chance(0.5))
+          victim.tv->outerSplit(bad, n_);
+        else
+          victim.tv->parallelize(bad, ParallelType::MeshX);
+        break;
+      }
+      case Mutation::MeshBeyondWorld: {
+        std::vector<int64_t> devices = worldDevices();
+        devices.back() = n_;  // names device n: one past the world
+        victim.tv->setDeviceMesh(DeviceMesh(devices));
+        break;
+      }
+      default: break;
+    }
+    for (Node& node : pool_) {
+      if (!chance(0.35)) continue;
+      std::vector<int64_t> even;
+      for (size_t d = 0; d < node.shape.size(); ++d)
+        if (node.shape[d] % n_ == 0) even.push_back(static_cast<int64_t>(d));
+      if (!even.empty()) shard(node.tv, even[pick(even.size())], n_);
+    }
+  }
+
+  // Splits logical axis `axis` (a whole loop axis) into `parts` and parallelizes it on mesh_x;
+  // a no-op when the tensor is already sharded.
+  static void shard(TensorView* tv, int64_t axis, int64_t parts) {
+    if (tv->isSharded()) return;
+    int64_t loop_axis = -1;
+    for (size_t i = 0; i < tv->loop().size(); ++i)
+      if (tv->loop()[i].logical == axis) loop_axis = static_cast<int64_t>(i);
+    if (loop_axis < 0) return;
+    tv->outerSplit(loop_axis, parts);
+    tv->parallelize(loop_axis, ParallelType::MeshX);
+  }
+
+  // This rank's arguments: each input's shard (block of the mesh_x axis), with argument mutations.
+  void bindArguments() {
+    const Fusion& f = *case_.fusion;
+    for (size_t i = 0; i < f.inputs().size(); ++i) {
+      auto* tv = static_cast<TensorView*>(f.inputs()[i]);
+      const RefTensor& g = case_.global_inputs[i];
+      Tensor full = Tensor::empty(g.shape, DataType::Double);
+      std::copy(g.data.begin(), g.data.end(), full.dataAs<double>());
+      Tensor local = full;
+      const int axis = tv->shardedAxis(ParallelType::MeshX);
+      if (axis >= 0 && tv->hasDeviceMesh() && tv->deviceMesh()->has(rank_)) {
+        const int64_t parts = tv->partsAlong(ParallelType::MeshX, g.shape[axis]);
+        if (parts > 0 && g.shape[axis] % parts == 0) {
+          const int64_t chunk = g.shape[axis] / parts;
+          local = full.slice(axis, tv->deviceMesh()->indexOf(rank_) % parts * chunk, chunk).clone();
+        }
+      }
+      case_.args.push_back(local.to(tv->dtype()));
+    }
+    if (f.inputs().empty()) return;
+    const size_t victim = pick(f.inputs().size());
+    Tensor& t = std::get<Tensor>(case_.args[victim]);
+    const auto& defined = static_cast<const TensorView*>(f.inputs()[victim])->shape();
+    std::vector<size_t> fixed;  // a symbolic extent would simply take a wrong value
+    for (size_t d = 0; d < defined.size(); ++d)
+      if (defined[d] >= 0) fixed.push_back(d);
+    if (case_.mutation == Mutation::WrongInputExtent && fixed.empty()) case_.mutation = Mutation::WrongInputDtype;
+    switch (case_.mutation) {
+      case Mutation::WrongInputExtent: {
+        std::vector<int64_t> shape = t.shape();
+        shape[fixed[pick(fixed.size())]] += 1;
+        t = Tensor::zeros(shape, t.dtype());
+        break;
+      }
+      case Mutation::WrongInputDtype:
+        t = t.to(t.dtype() == DataType::Double ? DataType::Float : DataType::Double);
+        break;
+      case Mutation::WrongInputCount: case_.args.pop_back(); break;
+      default: break;
+    }
+  }
+
+  std::mt19937_64 gen_;
+  int64_t n_, rank_;
+  bool multi_ = false;
+  FuzzCase case_;
+  std::vector<Node> pool_;
+};
+
+}  // namespace meshfuse::testing

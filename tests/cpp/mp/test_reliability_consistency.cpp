@@ -1,0 +1,138 @@
+// The consistency check of newly lowered programs (host_ir/consistency.h) over the world: equal
+// programs pass (and its cost is measured), and ranks that lowered different programs all raise a
+// UserError naming the differing ranks and the first differing line, after which the world is
+// still usable.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "host_ir/consistency.h"
+#include "host_ir/fusion_executor.h"
+#include "mp_test_utils.h"
+#include "multidevice/communicator.h"
+#include "ops/ops.h"
+
+namespace meshfuse {
+namespace {
+
+using testing::expectClose;
+using testing::randomTensor;
+using testing::shardOf;
+
+std::vector<int64_t> worldTeam() {
+  std::vector<int64_t> team(static_cast<size_t>(Communicator::instance().size()));
+  for (size_t i = 0; i < team.size(); ++i) team[i] = static_cast<int64_t>(i);
+  return team;
+}
+
+const auto kTimeout = std::chrono::seconds(30);
+
+// x [2n, 5] sharded on axis 0, out = op(x) replicated (an allgather), op chosen per rank.
+std::shared_ptr<Fusion> gatherFusion(int64_t n, OpType op, int64_t cols = 5) {
+  auto f = std::make_shared<Fusion>();
+  TensorView* x = f->newTensor(DataType::Float, {2 * n, cols});
+  f->addInput(x);
+  TensorView* y = op == OpType::Set ? ops::set(x) : ops::unary(op, x);
+  f->addOutput(y);
+  DeviceMesh world(worldTeam());
+  x->setDeviceMesh(world);
+  x->outerSplit(0, n);
+  x->parallelize(0, ParallelType::MeshX);
+  y->setDeviceMesh(world);
+  return f;
+}
+
+std::string raisedOnThisRank(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ProgramConsistency, EqualLinesPassAndTheCostIsSmall) {
+  Communicator& comm = Communicator::instance();
+  auto f = gatherFusion(comm.size(), OpType::Relu);
+  InputSignature sig;
+  sig.dtypes = {DataType::Float};
+  sig.present = {true};
+  sig.global = {{2 * comm.size(), 5}};
+  std::vector<std::string> lines = programFingerprint(*f, sig, {}, CommunicatorBackend::Mpi);
+  ASSERT_GT(lines.size(), 5u);
+  checkProgramsAgree(lines, worldTeam(), kTimeout);  // warm-up: creates the world communicator
+  const int reps = 200;
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) {
+    auto l = programFingerprint(*f, sig, {}, CommunicatorBackend::Mpi);
+    checkProgramsAgree(l, worldTeam(), kTimeout);
+  }
+  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / reps;
+  if (comm.rank() == 0)
+    std::printf("[ consistency check: %.1f us per new program (fingerprint + compare), %lld ranks ]\n", us,
+                static_cast<long long>(comm.size()));
+  ::testing::Test::RecordProperty("consistency_check_us", std::to_string(us));
+  EXPECT_LT(us, 20000.0);  // generous: 2 cores shared by several ranks
+}
+
+TEST(ProgramConsistency, DifferentLineNamesRanksAndText) {
+  Communicator& comm = Communicator::instance();
+  const int64_t last = comm.size() - 1;
+  std::vector<std::string> lines = {"a", "b", "c", "d"};
+  if (comm.rank() == last) lines[2] = "c on the last rank";
+  std::string error = raisedOnThisRank([&] { checkProgramsAgree(lines, worldTeam(), kTimeout); });
+  EXPECT_NE(error.find("rank " + std::to_string(last) + " differs from rank 0"), std::string::npos) << error;
+  EXPECT_NE(error.find("first difference is line 3"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 0: 'c'"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank " + std::to_string(last) + ": 'c on the last rank'"), std::string::npos) << error;
+}
+
+TEST(ProgramConsistency, ShorterProgramAndSeveralDifferingRanks) {
+  Communicator& comm = Communicator::instance();
+  std::vector<std::string> lines = {"a", "b", "c"};
+  if (comm.rank() == 1) lines.pop_back();                   // ends early: differs at line 3
+  if (comm.rank() >= 2) lines = {"a", "B", "c", "d", "e"};  // differs at line 2
+  std::string error = raisedOnThisRank([&] { checkProgramsAgree(lines, worldTeam(), kTimeout); });
+  if (comm.size() == 2) {
+    EXPECT_NE(error.find("rank 1 differs from rank 0; the first difference is line 3"), std::string::npos) << error;
+    EXPECT_NE(error.find("rank 1: (the program ends before this line)"), std::string::npos) << error;
+  } else {
+    EXPECT_NE(error.find("ranks 1, 2"), std::string::npos) << error;
+    EXPECT_NE(error.find("first difference is line 2"), std::string::npos) << error;
+    EXPECT_NE(error.find("rank 2: 'B'"), std::string::npos) << error;
+    EXPECT_NE(error.find("rank 1: (the same; its first difference is line 3)"), std::string::npos) << error;
+  }
+}
+
+TEST(ProgramConsistency, ExecuteWithDifferentDefinitionsRaisesOnEveryRankThenRecovers) {
+  Communicator& comm = Communicator::instance();
+  const int64_t n = comm.size(), rank = comm.rank(), last = n - 1;
+  Tensor full = randomTensor({2 * n, 5}, 71);
+  Tensor mine = shardOf(full, 0, n, rank);
+  {
+    FusionExecutorCache fec(gatherFusion(n, rank == last ? OpType::Neg : OpType::Set));
+    std::string error = raisedOnThisRank([&] { fec.execute({mine}); });
+    EXPECT_NE(error.find("lowered different programs"), std::string::npos) << error;
+    EXPECT_NE(error.find("rank " + std::to_string(last) + " differs from rank 0"), std::string::npos) << error;
+    EXPECT_NE(error.find("the first difference is line"), std::string::npos) << error;
+    EXPECT_NE(error.find("= neg("), std::string::npos) << "the last rank's line is shown: " << error;
+    EXPECT_EQ(fec.numCachedPrograms(), 0u) << "a program that failed the check must not be cached";
+  }
+  {  // Same definition, but one rank's fusion has another global extent: the input agreement or
+     // the consistency check must catch it on every rank.
+    FusionExecutorCache fec(gatherFusion(n, OpType::Set, rank == last ? 6 : 5));
+    Tensor x = rank == last ? shardOf(randomTensor({2 * n, 6}, 72), 0, n, rank) : mine;
+    std::string error = raisedOnThisRank([&] { fec.execute({x}); });
+    EXPECT_FALSE(error.empty()) << "rank " << rank << " did not raise";
+  }
+  // Nothing was left pending: the world still executes, and matches.
+  FusionExecutorCache fec(gatherFusion(n, OpType::Set));
+  auto out = fec.execute({mine});
+  expectClose(out[0], full, 0, "allgather after a failed consistency check");
+  auto again = fec.execute({mine});  // cached: no second check
+  expectClose(again[0], full, 0, "cached allgather");
+  EXPECT_EQ(fec.numCachedPrograms(), 1u);
+}
+
+}  // namespace
+}  // namespace meshfuse
