@@ -139,18 +139,15 @@ void matmulInto(Tensor a, Tensor b, const Tensor* bias, Tensor& out) {
   auto run = [&](auto zero) {
     using T = decltype(zero);
     T* pc = c.dataAs<T>();
-    const int64_t n = b.size(b.dim() - 1), k = b.size(b.dim() - 2), rows = n ? c.numel() / n : 0;
+    const int64_t n = b.size(b.dim() - 1), rows = n ? c.numel() / n : 0;
     Tensor bias_values = bias ? convertToContiguous(*bias, compute) : Tensor();
     const T* pbias = bias ? bias_values.dataAs<const T>() : nullptr;
     const bool scalar_bias = bias && bias_values.numel() == 1;
-    // With a bias, C starts as the bias rows and gemm accumulates onto it (beta = 1). Without one,
-    // a fresh C is still zero-filled here when the product is deep enough for one extra pass not
-    // to matter: its pages are then faulted in by a plain parallel loop instead of inside the BLAS
-    // threads, which costs about 15% of a 2048^3 sgemm.
-    if (bias || k >= 64) {
+    // With a bias, C starts as the bias rows and gemm accumulates onto it (beta = 1).
+    if (bias) {
 #pragma omp parallel for schedule(static) if (rows * n >= (1 << 15))
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < n; ++j) pc[r * n + j] = pbias ? pbias[scalar_bias ? 0 : j] : T(0);
+        for (int64_t j = 0; j < n; ++j) pc[r * n + j] = pbias[scalar_bias ? 0 : j];
     }
     batchedMatmul<T>(a, b, pc, bias != nullptr);
   };
