@@ -1,0 +1,102 @@
+"""The Chrome trace of a stream-split execution (run under mpirun): rank 0 writes one JSON file with
+every rank's events (pid = rank), compute on lane 0 and communication on lanes 1.., and one event
+per chunk of both the matmul and the communication, ordered as the pipeline requires."""
+import json
+import os
+import re
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir,
+                                "benchmarks"))
+
+import meshfuse  # noqa: E402
+from meshfuse.multidevice import Communicator  # noqa: E402
+from overlap_patterns import ALLGATHER_LINEAR, PATTERNS, OverlapProgram  # noqa: E402
+
+RANK, WORLD = Communicator.instance().rank, Communicator.instance().size
+CHUNKS, STREAMS = 4, 2
+ROUNDING_US = 0.002  # ts and dur are written with 3 decimals each
+CHUNK_EVENT = re.compile(r"^(?P<op>\w+) \[chunk (?P<chunk>\d+)\]$")
+
+
+def traced_run(pattern, path, use_env=False, monkeypatch=None):
+    rows, k, cols = 8 * WORLD, 4 * WORLD, 4 * WORLD
+    p = OverlapProgram(pattern, rows, k, cols, chunks=CHUNKS, backend=meshfuse.available_backends()[0],
+                       number_of_streams=STREAMS)
+    x = np.arange(rows * k, dtype=np.float32).reshape(rows, k) / (rows * k)
+    w = np.ones((cols, k), dtype=np.float32)
+    if use_env:
+        monkeypatch.setenv("MESHFUSE_TRACE", path)
+        p.execute(p.local_inputs(x, w, RANK))
+    else:
+        p.execute(p.local_inputs(x, w, RANK), trace=path)
+
+
+def load_events(path):
+    with open(path) as f:
+        doc = json.load(f)
+    assert isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list), doc
+    return doc["traceEvents"]
+
+
+def chunk_events(events, pid, category):
+    """{chunk index: event} of one rank's chunk events in a category."""
+    found = {}
+    for e in events:
+        m = CHUNK_EVENT.match(e.get("name", ""))
+        if e.get("ph") == "X" and e["pid"] == pid and e["cat"] == category and m:
+            assert int(m["chunk"]) not in found, f"two {category} events for chunk {m['chunk']} on rank {pid}"
+            found[int(m["chunk"])] = e
+    return found
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_trace_has_every_rank_lane_and_chunk(pattern):
+    with tempfile.TemporaryDirectory() as tmp:  # per process: only rank 0's path gets a file
+        path = os.path.join(tmp, "trace.json")
+        traced_run(pattern, path)
+        if RANK != 0:
+            assert not os.path.exists(path), "only rank 0 writes the trace"
+            return
+        assert os.path.getsize(path) > 0
+        events = load_events(path)
+
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert {e["pid"] for e in spans} == set(range(WORLD)), "an event of every rank"
+    for e in spans:
+        assert e["dur"] >= 0 and e["ts"] >= 0, e
+        assert (e["tid"] == 0) == (e["cat"] == "compute"), f"compute on lane 0, communication on lanes 1..: {e}"
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    for pid in range(WORLD):
+        assert names[(pid, 0)] == "compute"
+        assert {names[(pid, 1 + s)] for s in range(STREAMS)} == {f"comm stream {s}" for s in range(STREAMS)}
+        compute = chunk_events(events, pid, "compute")
+        comm = chunk_events(events, pid, "communication")
+        assert sorted(compute) == sorted(comm) == list(range(CHUNKS)), (compute, comm)
+        assert {e["tid"] for e in comm.values()} == {1, 2}, "the chunks alternate between the two streams"
+        assert all(e["name"].startswith("linear") for e in compute.values())
+        for i in range(CHUNKS):
+            if pattern == ALLGATHER_LINEAR:
+                assert comm[i]["name"].startswith("Allgather")
+                # chunk i's matmul starts after its allgather, and the next allgather was already posted
+                assert comm[i]["ts"] + comm[i]["dur"] <= compute[i]["ts"] + ROUNDING_US
+                if i + 1 < CHUNKS:
+                    assert comm[i + 1]["ts"] < compute[i]["ts"], "the next chunk is in flight during this matmul"
+            else:
+                assert comm[i]["name"].startswith("ReduceScatter")
+                assert compute[i]["ts"] + compute[i]["dur"] <= comm[i]["ts"] + ROUNDING_US
+                if i + 1 < CHUNKS:
+                    assert compute[i + 1]["ts"] < comm[i]["ts"] + comm[i]["dur"], "in flight during the next matmul"
+
+
+def test_trace_from_the_environment(monkeypatch):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "env_trace.json")
+        traced_run(ALLGATHER_LINEAR, path, use_env=True, monkeypatch=monkeypatch)
+        if RANK == 0:
+            events = load_events(path)
+            assert {e["pid"] for e in events if e.get("ph") == "X"} == set(range(WORLD))
