@@ -191,42 +191,16 @@ void BM_LinearDirectSgemm(benchmark::State& state) {
   setGemmCounters(state);
 }
 
-BENCHMARK(BM_ChainFusedExecutor)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(0.5)
-    ->Repetitions(kRepetitions)
-    ->ReportAggregatesOnly();
-BENCHMARK(BM_ChainFourPasses)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(0.5)
-    ->Repetitions(kRepetitions)
-    ->ReportAggregatesOnly();
-BENCHMARK(BM_ChainHandWrittenLoop)
-    ->Arg(0)
-    ->Arg(1)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(0.5)
-    ->Repetitions(kRepetitions)
-    ->ReportAggregatesOnly();
-BENCHMARK(BM_LinearExecutor)
-    ->Arg(0)
-    ->Arg(1)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(0.5)
-    ->Repetitions(kRepetitions)
-    ->ReportAggregatesOnly();
-BENCHMARK(BM_LinearDirectSgemm)
-    ->Arg(0)
-    ->Arg(1)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(0.5)
-    ->Repetitions(kRepetitions)
-    ->ReportAggregatesOnly();
+// Every case: wall-clock milliseconds, the median of kRepetitions runs.
+void configure(benchmark::internal::Benchmark* b) {
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5)->Repetitions(kRepetitions)->ReportAggregatesOnly();
+}
+
+BENCHMARK(BM_ChainFusedExecutor)->Apply(configure);
+BENCHMARK(BM_ChainFourPasses)->Apply(configure);
+BENCHMARK(BM_ChainHandWrittenLoop)->Arg(0)->Arg(1)->Apply(configure);
+BENCHMARK(BM_LinearExecutor)->Arg(0)->Arg(1)->Apply(configure);
+BENCHMARK(BM_LinearDirectSgemm)->Arg(0)->Arg(1)->Apply(configure);
 
 // Collects each run's real time per iteration to print the comparison table after the rows.
 class RatioReporter : public benchmark::ConsoleReporter {
