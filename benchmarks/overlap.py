@@ -1,0 +1,230 @@
+"""How much of the communication ParallelType.stream hides behind the matmul, through meshfuse.
+
+    mpirun -np 2 .venv/bin/python benchmarks/overlap.py [--sizes 1024 2048] [--json out.json]
+
+For each pattern (allgather_linear, linear_reduce_scatter: benchmarks/overlap_patterns.py), every
+backend, every size m = k = n and every chunk count s, it times (median over repeats of the slowest
+rank, each repeat started together after a barrier):
+  time      the stream-split program with s chunks
+  comm      the pattern's communication alone (an allgather of x / a reduce-scatter of the partial result)
+  compute   this rank's matmul alone (a local linear, no mesh)
+and prints speedup = time(s=1) / time(s) and fraction of ideal = max(comm, compute) / time (1.0: the
+shorter of the two is completely hidden behind the longer one; below max/(comm+compute): worse than
+not overlapping at all). Every chunked result is checked against s=1 before it is timed.
+
+--device cuda (needs torch with CUDA): torch tensors on this rank's GPU in, torch tensors out; backends
+cuda/nccl/mpi. The C++ stream loop does not yet run chunks on asynchronous CUDA streams, so on GPU
+this measures the chunking cost, not overlap.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import meshfuse  # noqa: E402
+from meshfuse import CommunicatorBackend, DataType  # noqa: E402
+from meshfuse.multidevice import Communicator, DeviceMesh  # noqa: E402
+from overlap_patterns import PATTERNS, OverlapProgram, communication_only, local_linear  # noqa: E402
+
+DTYPES = {"float32": DataType.Float, "float64": DataType.Double, "bfloat16": DataType.BFloat16}
+CPU_BACKENDS = (CommunicatorBackend.mpi, CommunicatorBackend.gloo)
+CUDA_BACKENDS = (CommunicatorBackend.cuda, CommunicatorBackend.nccl, CommunicatorBackend.mpi)
+GPU_NOTE = ("note: on CUDA the C++ stream loop runs chunks one after another on one stream (no asynchronous "
+            "CUDA streams yet): these numbers show the cost of chunking, not communication/compute overlap")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--sizes", type=int, nargs="+", help="m = k = n (default: 1024 2048 4096 on cpu, "
+                   "1024 4096 8192 on cuda)")
+    p.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS))
+    p.add_argument("--backends", nargs="+", help="default: every available one of mpi gloo (cpu), cuda nccl mpi (cuda)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="bfloat16 needs torch tensors")
+    p.add_argument("--streams", type=int, default=2, help="number_of_streams: chunks in flight")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--json", help="write the rows as JSON here (rank 0)")
+    p.add_argument("--trace-dir", help="also write one Chrome trace per (pattern, backend, size, s > 1) here")
+    return p.parse_args()
+
+
+class Arrays:
+    """Random global inputs as numpy arrays, or torch tensors on this rank's GPU."""
+
+    def __init__(self, device, dtype_name):
+        self.device, self.dtype_name = device, dtype_name
+        self.torch = None
+        if device == "cuda" or dtype_name == "bfloat16":
+            import torch  # noqa: F401  (meshfuse returns torch tensors for torch inputs)
+
+            self.torch = torch
+            if device == "cuda":
+                torch.cuda.set_device(Communicator.instance().local_rank % torch.cuda.device_count())
+        self.rng = np.random.default_rng(1234)  # the same global arrays on every rank
+
+    def random(self, shape):
+        a = self.rng.uniform(-1, 1, shape).astype(np.float64 if self.dtype_name == "float64" else np.float32)
+        if self.torch is None:
+            return a
+        t = self.torch.from_numpy(a).to(getattr(self.torch, self.dtype_name))
+        return t.to("cuda") if self.device == "cuda" else t
+
+    def sync(self):
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def close(self, a, b):
+        if self.torch is not None:
+            a, b = a.float().cpu().numpy(), b.float().cpu().numpy()
+        tol = {"float64": 1e-10, "float32": 1e-3, "bfloat16": 5e-2}[self.dtype_name]
+        return np.allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
+
+
+class Timer:
+    """Times a callable on every rank at once; the slowest rank's time of each repeat counts."""
+
+    def __init__(self, arrays, repeats, warmup):
+        self.arrays, self.repeats, self.warmup = arrays, repeats, warmup
+        comm = Communicator.instance()
+        self.comm, self.rank, self.size = comm, comm.rank, comm.size
+        self._gather = None
+
+    def _slowest(self, times):
+        """Per repeat, the maximum over the ranks (through a meshfuse allgather)."""
+        if self.size == 1:
+            return times
+        if self._gather is None:
+            mesh = DeviceMesh(range(self.size))
+            fd = meshfuse.FusionDefinition(backend_type=CommunicatorBackend.mpi
+                                           if CommunicatorBackend.mpi in meshfuse.available_backends()
+                                           else CommunicatorBackend.auto)
+            t = fd.define_tensor([self.size, self.repeats], DataType.Double)
+            everyone = fd.ops.set(t)
+            fd.add_output(everyone)
+            t.set_device_mesh(mesh)
+            everyone.set_device_mesh(mesh)
+            t.outer_split(0, self.size)
+            t.axis(0).parallelize(meshfuse.ParallelType.mesh_x)
+            self._gather = fd
+        (all_times,) = self._gather.execute([np.array([times], dtype=np.float64)])
+        return list(np.max(all_times, axis=0))
+
+    def median(self, fn):
+        for _ in range(self.warmup):
+            fn()
+        self.arrays.sync()
+        times = []
+        for _ in range(self.repeats):
+            self.comm.barrier()
+            start = time.perf_counter()
+            fn()
+            self.arrays.sync()
+            times.append(time.perf_counter() - start)
+        return statistics.median(self._slowest(times))
+
+
+def bench_pattern(pattern, backend, size, args, arrays, timer, trace_dir):
+    rank = timer.rank
+    dtype = DTYPES[args.dtype]
+    x, w = arrays.random((size, size)), arrays.random((size, size))
+
+    comm_fd, comm_shape, comm_in = communication_only(pattern, size, size, size, dtype=dtype, backend=backend)
+    from meshfuse.multidevice import shard_tensor
+
+    comm_input = shard_tensor(arrays.random(comm_shape), comm_in, rank)
+    comm_time = timer.median(lambda: comm_fd.execute([comm_input]))
+
+    mm_fd, x_shape, w_shape = local_linear(pattern, size, size, size, dtype=dtype)
+    mm_inputs = [arrays.random(x_shape), arrays.random(w_shape)]
+    compute_time = timer.median(lambda: mm_fd.execute(mm_inputs))
+
+    rows, baseline, first = [], None, None
+    for s in args.chunks:
+        prog = OverlapProgram(pattern, size, size, size, chunks=s, dtype=dtype, backend=backend,
+                              number_of_streams=args.streams)
+        inputs = prog.local_inputs(x, w, rank)
+        y = prog.execute(inputs)
+        if first is None:
+            first = y
+        elif not arrays.close(y, first):
+            raise AssertionError(f"rank {rank}: {pattern} {backend.name} size {size}: s={s} differs from "
+                                 f"s={args.chunks[0]}")
+        t = timer.median(lambda: prog.execute(inputs))
+        baseline = baseline or t
+        if trace_dir and s > 1:
+            prog.execute(inputs, trace=os.path.join(trace_dir, f"{pattern}_{backend.name}_{size}_s{s}.json"))
+        rows.append({
+            "pattern": pattern, "backend": backend.name, "size": size, "s": s, "time_s": t,
+            "comm_s": comm_time, "compute_s": compute_time, "speedup": baseline / t,
+            "fraction_of_ideal": max(comm_time, compute_time) / t,
+            "no_overlap_fraction": max(comm_time, compute_time) / (comm_time + compute_time),
+        })
+    return rows
+
+
+def print_table(rows, pattern):
+    header = (f"{'backend':<8} {'size':>5} {'s':>2} {'time ms':>9} {'comm ms':>9} {'compute ms':>10} "
+              f"{'speedup':>8} {'ideal frac':>10} {'(serial)':>8}")
+    print(f"\n{pattern}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        if r["pattern"] != pattern:
+            continue
+        print(f"{r['backend']:<8} {r['size']:>5} {r['s']:>2} {1e3 * r['time_s']:>9.2f} {1e3 * r['comm_s']:>9.2f} "
+              f"{1e3 * r['compute_s']:>10.2f} {r['speedup']:>8.2f} {r['fraction_of_ideal']:>10.2f} "
+              f"{r['no_overlap_fraction']:>8.2f}")
+
+
+def main():
+    args = parse_args()
+    comm = Communicator.instance()
+    available = meshfuse.available_backends()
+    wanted = ([getattr(CommunicatorBackend, b) for b in args.backends] if args.backends
+              else CUDA_BACKENDS if args.device == "cuda" else CPU_BACKENDS)
+    backends = [b for b in wanted if b in available]
+    if not backends:
+        raise SystemExit(f"none of {[b.name for b in wanted]} is available (available: {[b.name for b in available]})")
+    sizes = args.sizes or ([1024, 4096, 8192] if args.device == "cuda" else [1024, 2048, 4096])
+    for size in sizes:
+        if size % (comm.size * max(args.chunks)):
+            raise SystemExit(f"size {size} does not split into {comm.size} ranks x {max(args.chunks)} chunks")
+    arrays = Arrays(args.device, args.dtype)
+    timer = Timer(arrays, args.repeats, args.warmup)
+    if args.trace_dir and comm.rank == 0:
+        os.makedirs(args.trace_dir, exist_ok=True)
+
+    rows = []
+    for pattern in args.patterns:
+        for backend in backends:
+            for size in sizes:
+                rows += bench_pattern(pattern, backend, size, args, arrays, timer, args.trace_dir)
+    if comm.rank != 0:
+        return
+    print(f"meshfuse overlap benchmark: {comm.size} ranks, device {args.device}, {args.dtype}, "
+          f"number_of_streams {args.streams}, median of {args.repeats} repeats (slowest rank)")
+    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')} "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '-')} "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    print("ideal frac = max(comm, compute) / time; (serial) = the same if nothing overlapped")
+    if args.device == "cuda":
+        print(GPU_NOTE)
+    for pattern in args.patterns:
+        print_table(rows, pattern)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": comm.size, "device": args.device, "dtype": args.dtype, "streams": args.streams,
+                       "repeats": args.repeats, "note": GPU_NOTE if args.device == "cuda" else "", "rows": rows},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
