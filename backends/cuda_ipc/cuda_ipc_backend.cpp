@@ -123,7 +123,7 @@ struct CudaIpcBackend::Impl {
 
   // Grows the staging buffer to `bytes` once the peers have finished reading the old one.
   void reserve(size_t bytes) {
-    if (bytes <= capacity) return;
+    if (bytes <= capacity && staging != nullptr) return;  // the first operation always publishes a buffer
     MESHFUSE_CUDA_CHECK(cudaEventSynchronize(staging_free));
     if (staging) MESHFUSE_CUDA_CHECK(cudaFree(staging));
     size_t grown = std::max({bytes, 2 * capacity, kMinStaging});
