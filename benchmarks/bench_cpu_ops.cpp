@@ -3,7 +3,8 @@
 //      as four single-op segments (four full passes with temporaries, what numpy does), vs a
 //      hand-written single loop over all threads;
 //  (b) a 2048^3 float32 linear (x @ w^T): the executor vs cblas_sgemm called directly.
-// Prints Google Benchmark's rows (GB/s, GFLOP/s counters) and then a table of ratios.
+// Prints Google Benchmark's rows (GB/s, GFLOP/s counters) and then a table of ratios of the
+// medians of 5 randomly interleaved repetitions.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -264,7 +265,16 @@ class RatioReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
+  // Interleave the repetitions of all cases at random by default: run in order, a case's place in
+  // the run (warm caches, the allocator's state, another tenant's load) sways it by 10%.
+  std::vector<char*> args(argv, argv + argc);
+  std::string interleave = "--benchmark_enable_random_interleaving=true";
+  if (std::none_of(args.begin(), args.end(), [](const char* a) {
+        return std::string(a).rfind("--benchmark_enable_random_interleaving", 0) == 0;
+      }))
+    args.insert(args.begin() + 1, interleave.data());
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
   RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   reporter.printTable();
