@@ -206,6 +206,7 @@ BENCHMARK(BM_LinearDirectSgemm)->Arg(0)->Arg(1)->Apply(configure);
 // Collects each run's real time per iteration to print the comparison table after the rows.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  RatioReporter() : ConsoleReporter(OO_Tabular) {}  // no colour codes: the output goes into logs
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
