@@ -204,14 +204,7 @@ CudaIpcBackend::~CudaIpcBackend() = default;
 size_t CudaIpcBackend::stagingBytes() const { return impl_->capacity; }
 
 void CudaIpcBackend::check(const std::string& op, const char* name, const Tensor& t) const {
-  if (!t.defined()) throw std::invalid_argument(op + ": " + name + " is undefined");
-  if (t.device().type != DeviceType::CUDA)
-    throw std::invalid_argument(op + ": " + name + " " + t.toString() +
-                                " is a host tensor; the cuda backend carries CUDA tensors only (use mpi or gloo)");
-  if (t.device().index != device_)
-    throw std::invalid_argument(op + ": " + name + " " + t.toString() +
-                                " is not on this rank's device cuda:" + std::to_string(device_));
-  if (!t.isContiguous()) throw std::invalid_argument(op + ": " + name + " " + t.toString() + " is not contiguous");
+  cuda::checkDeviceTensor(op, name, t, device_, "cuda");
 }
 
 namespace {

@@ -98,14 +98,7 @@ NcclBackend::~NcclBackend() {
 void NcclBackend::check(const std::string& op, const char* name, const Tensor& t) const {
   if (state_->aborted)
     throw std::runtime_error(op + ": the communicator of " + state_->description + " was aborted after a timeout");
-  if (!t.defined()) throw std::invalid_argument(op + ": " + name + " is undefined");
-  if (t.device().type != DeviceType::CUDA)
-    throw std::invalid_argument(op + ": " + name + " " + t.toString() +
-                                " is a host tensor; the nccl backend carries CUDA tensors only (use mpi or gloo)");
-  if (t.device().index != device_)
-    throw std::invalid_argument(op + ": " + name + " " + t.toString() +
-                                " is not on this rank's NCCL device cuda:" + std::to_string(device_));
-  if (!t.isContiguous()) throw std::invalid_argument(op + ": " + name + " " + t.toString() + " is not contiguous");
+  cuda::checkDeviceTensor(op, name, t, device_, "nccl");
 }
 
 void NcclBackend::checkRoot(const std::string& op, int64_t root) const {

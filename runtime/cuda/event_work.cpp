@@ -52,6 +52,17 @@ void EventWork::wait(std::chrono::milliseconds timeout) {
   }
 }
 
+void checkDeviceTensor(const std::string& op, const char* name, const Tensor& t, int device, const char* backend) {
+  if (!t.defined()) throw std::invalid_argument(op + ": " + name + " is undefined");
+  if (t.device().type != DeviceType::CUDA)
+    throw std::invalid_argument(op + ": " + name + " " + t.toString() + " is a host tensor; the " + backend +
+                                " backend carries CUDA tensors only (use mpi or gloo)");
+  if (t.device().index != device)
+    throw std::invalid_argument(op + ": " + name + " " + t.toString() + " is not on this rank's " + backend +
+                                " device cuda:" + std::to_string(device));
+  if (!t.isContiguous()) throw std::invalid_argument(op + ": " + name + " " + t.toString() + " is not contiguous");
+}
+
 std::chrono::milliseconds bootstrapTimeout() {
   if (const char* env = std::getenv("MESHFUSE_TIMEOUT")) {
     char* end = nullptr;

@@ -33,6 +33,10 @@ class EventWork final : public Work {
   bool done_ = false;
 };
 
+// The argument check of the device backends (nccl, cuda): `t` is defined, a CUDA tensor on
+// `device` and contiguous; else std::invalid_argument naming the operation, the tensor and why.
+void checkDeviceTensor(const std::string& op, const char* name, const Tensor& t, int device, const char* backend);
+
 // The deadline for bootstrap exchanges: MESHFUSE_TIMEOUT seconds, 300 s by default.
 std::chrono::milliseconds bootstrapTimeout();
 
