@@ -313,3 +313,22 @@ def test_a_mesh_beyond_the_world_is_an_error_before_running():
     for value in (None, np.zeros(4, np.float32)):
         with pytest.raises(ValueError, match=r"T0: DeviceMesh\{1\} names device 1 but the world has 1"):
             fd.execute([value])
+
+
+def test_executor_parameters_and_a_stream_parallel_axis(rng):
+    import datetime
+
+    with FusionDefinition(number_of_streams=2, timeout=2.5) as fd:
+        x = fd.define_tensor([8, 4])
+        w = fd.define_tensor([6, 4])
+        y = fd.ops.linear(x, w)
+        fd.add_output(y)
+        y.outer_split(0, 4)
+        y.axis(0).parallelize(ParallelType.stream)
+    assert fd.number_of_streams == 2
+    assert fd._params.executor.timeout == datetime.timedelta(seconds=2.5)
+    xn, wn = random_array(rng, (8, 4), np.float32), random_array(rng, (6, 4), np.float32)
+    (out,) = fd.execute([xn, wn])
+    np.testing.assert_allclose(out, xn.astype(np.float64) @ wn.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="number_of_streams must be at least 1, got 0"):
+        FusionDefinition(number_of_streams=0)
