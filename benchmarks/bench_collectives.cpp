@@ -3,7 +3,7 @@
 // the same collective called directly and blocking on MPI_COMM_WORLD, in the same run. Float32,
 // 1 KiB .. 64 MiB in x4 steps; size is the full buffer (allgather output, allreduce buffer,
 // reduce-scatter input), as nccl-tests counts it.
-//   mpirun --oversubscribe --allow-run-as-root -np 2 build-mpi/benchmarks/bench_collectives
+//   mpirun --oversubscribe --allow-run-as-root -np 2 build-mpi/benchmarks/bench_collectives [max MiB, default 64]
 // Rank 0 prints one table. Each (size, op) alternates rounds of meshfuse-mpi, meshfuse-gloo and
 // raw; a round's time is the slowest rank's mean over its iterations, and the table shows the
 // median round. benchmarks/collectives_torch.py times torch.distributed's gloo the same way.
@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <vector>
@@ -65,9 +66,36 @@ Row measure(int64_t bytes, const char* op, double bus_factor, const std::functio
   return {bytes, op, median(mf), gloo ? median(gl) : -1.0, median(rw), bus_factor};
 }
 
+void printHeader(int64_t ranks) {
+  std::printf("bench_collectives: %lld ranks, float32, median of %d rounds (slowest rank per round)\n",
+              static_cast<long long>(ranks), kRounds);
+  std::printf("%10s  %-14s  %12s  %12s  %12s  %13s  %13s  %13s  %7s  %9s\n", "size", "op", "meshfuse_us", "gloo_us",
+              "raw_us", "mf_busbw_GB/s", "gloo_busbw", "raw_busbw_GB/s", "ratio", "added_us");
+}
+
+// Printed as soon as measured (flushed), so a run cut short still shows what it measured.
+void printRow(const Row& r) {
+  const double size = static_cast<double>(r.bytes);
+  char label[32];
+  if (r.bytes >= (1 << 20))
+    std::snprintf(label, sizeof label, "%lld MiB", static_cast<long long>(r.bytes >> 20));
+  else
+    std::snprintf(label, sizeof label, "%lld KiB", static_cast<long long>(r.bytes >> 10));
+  // The gloo columns read "n/a" in a build without Gloo.
+  char gloo_us[32] = "n/a", gloo_bw[32] = "n/a";
+  if (r.gloo_s > 0) {
+    std::snprintf(gloo_us, sizeof gloo_us, "%.2f", r.gloo_s * 1e6);
+    std::snprintf(gloo_bw, sizeof gloo_bw, "%.3f", size / r.gloo_s * r.bus_factor / 1e9);
+  }
+  std::printf("%10s  %-14s  %12.2f  %12s  %12.2f  %13.3f  %13s  %13.3f  %7.3f  %9.2f\n", label, r.op,
+              r.meshfuse_s * 1e6, gloo_us, r.raw_s * 1e6, size / r.meshfuse_s * r.bus_factor / 1e9, gloo_bw,
+              size / r.raw_s * r.bus_factor / 1e9, r.meshfuse_s / r.raw_s, (r.meshfuse_s - r.raw_s) * 1e6);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   Communicator& comm = Communicator::instance();
   const int64_t n = comm.size();
   std::vector<int64_t> world(static_cast<size_t>(n));
@@ -77,8 +105,14 @@ int main() {
       comm.isAvailable(CommunicatorBackend::Gloo) ? &comm.backend(CommunicatorBackend::Gloo, world) : nullptr;
   const double ring = static_cast<double>(n - 1) / static_cast<double>(n);
 
-  std::vector<Row> rows;
-  for (int64_t bytes = 1024; bytes <= (int64_t{64} << 20); bytes *= 4) {
+  // Optional argument: the largest size in MiB (default 64).
+  const int64_t max_bytes = (argc > 1 ? std::atoll(argv[1]) : 64) << 20;
+  const bool printer = comm.rank() == 0;
+  if (printer) printHeader(n);
+  auto report = [&](const Row& row) {
+    if (printer) printRow(row);
+  };
+  for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
     const int64_t block = bytes / 4 / n;  // floats per rank's block
     const int count = static_cast<int>(block);
     Tensor full = Tensor::zeros({block * n}, DataType::Float);
@@ -90,17 +124,17 @@ int main() {
     // An empty function where Gloo is not built: measure() then skips the column.
     auto onGloo = [&](std::function<void()> f) { return gloo ? f : std::function<void()>(); };
 
-    rows.push_back(measure(
+    report(measure(
         bytes, "allgather", ring, [&] { mpi.allgather(part, full)->wait(kTimeout); },
         onGloo([&] { gloo->allgather(part_gloo, full_gloo)->wait(kTimeout); }),
         [&] { MPI_Allgather(part_raw.data(), count, MPI_FLOAT, full_raw.data(), count, MPI_FLOAT, MPI_COMM_WORLD); }));
-    rows.push_back(measure(
+    report(measure(
         bytes, "allreduce", 2 * ring, [&] { mpi.allreduce(full, ReduceOp::Sum)->wait(kTimeout); },
         onGloo([&] { gloo->allreduce(full_gloo, ReduceOp::Sum)->wait(kTimeout); }),
         [&] {
           MPI_Allreduce(MPI_IN_PLACE, full_raw.data(), count * static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         }));
-    rows.push_back(measure(
+    report(measure(
         bytes, "reduce_scatter", ring, [&] { mpi.reduceScatter(full, part, ReduceOp::Sum)->wait(kTimeout); },
         onGloo([&] { gloo->reduceScatter(full_gloo, part_gloo, ReduceOp::Sum)->wait(kTimeout); }),
         [&] {
@@ -108,28 +142,5 @@ int main() {
         }));
   }
 
-  if (comm.rank() == 0) {
-    std::printf("bench_collectives: %lld ranks, float32, median of %d rounds (slowest rank per round)\n",
-                static_cast<long long>(n), kRounds);
-    std::printf("%10s  %-14s  %12s  %12s  %12s  %13s  %13s  %13s  %7s  %9s\n", "size", "op", "meshfuse_us", "gloo_us",
-                "raw_us", "mf_busbw_GB/s", "gloo_busbw", "raw_busbw_GB/s", "ratio", "added_us");
-    for (const Row& r : rows) {
-      const double size = static_cast<double>(r.bytes);
-      char label[32];
-      if (r.bytes >= (1 << 20))
-        std::snprintf(label, sizeof label, "%lld MiB", static_cast<long long>(r.bytes >> 20));
-      else
-        std::snprintf(label, sizeof label, "%lld KiB", static_cast<long long>(r.bytes >> 10));
-      // The gloo columns read "n/a" in a build without Gloo.
-      char gloo_us[32] = "n/a", gloo_bw[32] = "n/a";
-      if (r.gloo_s > 0) {
-        std::snprintf(gloo_us, sizeof gloo_us, "%.2f", r.gloo_s * 1e6);
-        std::snprintf(gloo_bw, sizeof gloo_bw, "%.3f", size / r.gloo_s * r.bus_factor / 1e9);
-      }
-      std::printf("%10s  %-14s  %12.2f  %12s  %12.2f  %13.3f  %13s  %13.3f  %7.3f  %9.2f\n", label, r.op,
-                  r.meshfuse_s * 1e6, gloo_us, r.raw_s * 1e6, size / r.meshfuse_s * r.bus_factor / 1e9, gloo_bw,
-                  size / r.raw_s * r.bus_factor / 1e9, r.meshfuse_s / r.raw_s, (r.meshfuse_s - r.raw_s) * 1e6);
-    }
-  }
   return 0;
 }

@@ -66,8 +66,7 @@ void MpiWork::wait(std::chrono::milliseconds timeout) {
 }
 
 void MpiWork::finish() {
-  for (auto& [host, device] : copies_back)
-    cudaCopyBytes(device.data(), device.device(), host.data(), Device::cpu(), host.nbytes());
+  for (auto& [host, device] : copies_back) device.copyFrom(host);  // host -> CUDA
   copies_back.clear();
   buffers.clear();
   finished_ = true;
