@@ -4,6 +4,7 @@
 // 1 KiB .. 64 MiB in x4 steps; size is the full buffer (allgather output, allreduce buffer,
 // reduce-scatter input), as nccl-tests counts it.
 //   mpirun --oversubscribe --allow-run-as-root -np 2 build-mpi/benchmarks/bench_collectives [max MiB, default 64]
+//   [--mpi-only]
 // Rank 0 prints one table. Each (size, op) alternates rounds of meshfuse-mpi, meshfuse-gloo and
 // raw; a round's time is the slowest rank's mean over its iterations, and the table shows the
 // median round. benchmarks/collectives_torch.py times torch.distributed's gloo the same way.
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <functional>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "multidevice/communicator.h"
@@ -101,12 +103,21 @@ int main(int argc, char** argv) {
   std::vector<int64_t> world(static_cast<size_t>(n));
   std::iota(world.begin(), world.end(), 0);
   Backend& mpi = comm.backend(CommunicatorBackend::Mpi, world);
-  Backend* gloo =
-      comm.isAvailable(CommunicatorBackend::Gloo) ? &comm.backend(CommunicatorBackend::Gloo, world) : nullptr;
+
   const double ring = static_cast<double>(n - 1) / static_cast<double>(n);
 
-  // Optional argument: the largest size in MiB (default 64).
-  const int64_t max_bytes = (argc > 1 ? std::atoll(argv[1]) : 64) << 20;
+  // Arguments: the largest size in MiB (default 64); --mpi-only leaves Gloo out.
+  int64_t max_bytes = int64_t{64} << 20;
+  bool with_gloo = true;
+  for (int a = 1; a < argc; ++a) {
+    if (std::string(argv[a]) == "--mpi-only")
+      with_gloo = false;
+    else
+      max_bytes = std::atoll(argv[a]) << 20;
+  }
+  Backend* gloo = with_gloo && comm.isAvailable(CommunicatorBackend::Gloo)
+                      ? &comm.backend(CommunicatorBackend::Gloo, world)
+                      : nullptr;
   const bool printer = comm.rank() == 0;
   if (printer) printHeader(n);
   auto report = [&](const Row& row) {
