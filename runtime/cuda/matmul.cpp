@@ -162,18 +162,14 @@ void gemm(int device, const GemmProblem& p, const void* a, const void* b, void* 
   key << static_cast<int>(p.dtype) << ":" << p.m << "," << p.n << "," << p.k << "," << p.batch << "," << p.stride_a
       << "," << p.stride_b << "," << p.stride_c << "," << p.trans_b << "," << (bias != nullptr) << "@" << align[0]
       << "," << align[1] << "," << align[2] << "," << align[3];
-  Plan* plan;
-  void* workspace;
-  cublasLtHandle_t handle;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    DeviceState& s = stateOf(device);
-    auto it = s.plans.find(key.str());
-    if (it == s.plans.end()) it = s.plans.emplace(key.str(), makePlan(s, p, bias != nullptr, align)).first;
-    plan = &it->second;
-    workspace = workspaceFor(s, stream);
-    handle = s.handle;
-  }
+  // The lock covers the enqueue too: a fused-bias plan's descriptor carries this call's bias pointer.
+  std::lock_guard<std::mutex> lock(g_mutex);
+  DeviceState& state = stateOf(device);
+  auto it = state.plans.find(key.str());
+  if (it == state.plans.end()) it = state.plans.emplace(key.str(), makePlan(state, p, bias != nullptr, align)).first;
+  Plan* plan = &it->second;
+  void* workspace = workspaceFor(state, stream);
+  cublasLtHandle_t handle = state.handle;
   if (p.k == 0) {  // an empty contraction: zeros (plus the bias)
     MESHFUSE_CUDA_CHECK(
         cudaMemsetAsync(c, 0, static_cast<size_t>(p.batch * p.m * p.n) * dataTypeSize(p.dtype), stream));
