@@ -170,18 +170,22 @@ def bench_pattern(pattern, backend, size, args, arrays, timer, trace_dir):
     return rows
 
 
-def print_table(rows, pattern):
-    header = (f"{'backend':<8} {'size':>5} {'s':>2} {'time ms':>9} {'comm ms':>9} {'compute ms':>10} "
-              f"{'speedup':>8} {'ideal frac':>10} {'(serial)':>8}")
-    print(f"\n{pattern}")
-    print(header)
-    print("-" * len(header))
+TABLE_HEADER = (f"{'backend':<8} {'size':>5} {'s':>2} {'time ms':>9} {'comm ms':>9} {'compute ms':>10} "
+                f"{'speedup':>8} {'ideal frac':>10} {'(serial)':>8}")
+
+
+def print_rows(rows):
     for r in rows:
-        if r["pattern"] != pattern:
-            continue
         print(f"{r['backend']:<8} {r['size']:>5} {r['s']:>2} {1e3 * r['time_s']:>9.2f} {1e3 * r['comm_s']:>9.2f} "
               f"{1e3 * r['compute_s']:>10.2f} {r['speedup']:>8.2f} {r['fraction_of_ideal']:>10.2f} "
-              f"{r['no_overlap_fraction']:>8.2f}")
+              f"{r['no_overlap_fraction']:>8.2f}", flush=True)
+
+
+def write_json(path, args, ranks, rows):
+    with open(path, "w") as f:
+        json.dump({"ranks": ranks, "device": args.device, "dtype": args.dtype, "streams": args.streams,
+                   "repeats": args.repeats, "note": GPU_NOTE if args.device == "cuda" else "", "rows": rows},
+                  f, indent=1)
 
 
 def main():
@@ -202,28 +206,28 @@ def main():
     if args.trace_dir and comm.rank == 0:
         os.makedirs(args.trace_dir, exist_ok=True)
 
+    leader = comm.rank == 0
+    if leader:  # rows are printed (and the JSON rewritten) as they are measured
+        print(f"meshfuse overlap benchmark: {comm.size} ranks, device {args.device}, {args.dtype}, "
+              f"number_of_streams {args.streams}, median of {args.repeats} repeats (slowest rank)")
+        print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')} "
+              f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '-')} "
+              f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+        print("ideal frac = max(comm, compute) / time; (serial) = the same if nothing overlapped")
+        if args.device == "cuda":
+            print(GPU_NOTE)
     rows = []
     for pattern in args.patterns:
+        if leader:
+            print(f"\n{pattern}\n{TABLE_HEADER}\n{'-' * len(TABLE_HEADER)}", flush=True)
         for backend in backends:
             for size in sizes:
-                rows += bench_pattern(pattern, backend, size, args, arrays, timer, args.trace_dir)
-    if comm.rank != 0:
-        return
-    print(f"meshfuse overlap benchmark: {comm.size} ranks, device {args.device}, {args.dtype}, "
-          f"number_of_streams {args.streams}, median of {args.repeats} repeats (slowest rank)")
-    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')} "
-          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '-')} "
-          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
-    print("ideal frac = max(comm, compute) / time; (serial) = the same if nothing overlapped")
-    if args.device == "cuda":
-        print(GPU_NOTE)
-    for pattern in args.patterns:
-        print_table(rows, pattern)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ranks": comm.size, "device": args.device, "dtype": args.dtype, "streams": args.streams,
-                       "repeats": args.repeats, "note": GPU_NOTE if args.device == "cuda" else "", "rows": rows},
-                      f, indent=1)
+                new = bench_pattern(pattern, backend, size, args, arrays, timer, args.trace_dir)
+                rows += new
+                if leader:
+                    print_rows(new)
+                    if args.json:
+                        write_json(args.json, args, comm.size, rows)
 
 
 if __name__ == "__main__":
