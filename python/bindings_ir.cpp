@@ -50,15 +50,19 @@ struct LoopAxisRef {
                       std::to_string(tv->loop().size()) + " axes");
     return tv->loop()[index];
   }
-  // The loop axis's extent: -1 where it derives from a symbolic extent.
-  int64_t extent() const {
+  // The loop axis's extent when its logical axis has extent `logical` (-1: symbolic, and so is the
+  // result unless the split fixes it). A level-1 part splits the inner part of the first split.
+  int64_t extentGiven(int64_t logical) const {
     const LoopAxis& a = axis();
-    int64_t logical = tv->shape()[a.logical];
     if (a.part == LoopAxis::Part::Whole) return logical;
+    int64_t base = logical;
+    if (a.level > 0 && logical >= 0) base = a.parent_outer_split ? logical / a.parent_factor : a.parent_factor;
+    if (a.level > 0 && logical < 0 && !a.parent_outer_split) base = a.parent_factor;
     bool given = (a.part == LoopAxis::Part::Outer) == a.outer_split;
     if (given) return a.factor;
-    return logical < 0 ? -1 : logical / a.factor;
+    return base < 0 ? -1 : base / a.factor;
   }
+  int64_t extent() const { return extentGiven(tv->shape()[axis().logical]); }
 };
 
 LoopAxisRef axisOf(TensorView* tv, int64_t i) {
@@ -103,6 +107,8 @@ void bindVals(py::module_& m) {
 
   py::class_<LoopAxisRef>(m, "LoopAxis")
       .def_property_readonly("extent", &LoopAxisRef::extent)
+      .def("extent_given", &LoopAxisRef::extentGiven, py::arg("logical_extent"),
+           "The extent for a given extent of the logical axis (e.g. of a global array)")
       .def_property_readonly("logical_axis", [](const LoopAxisRef& a) { return a.axis().logical; })
       .def_property_readonly("parallel_type", [](const LoopAxisRef& a) { return a.axis().parallel; })
       .def(

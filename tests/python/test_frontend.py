@@ -332,3 +332,38 @@ def test_executor_parameters_and_a_stream_parallel_axis(rng):
     np.testing.assert_allclose(out, xn.astype(np.float64) @ wn.T, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="number_of_streams must be at least 1, got 0"):
         FusionDefinition(number_of_streams=0)
+
+
+def _sharded_tv(shape, mesh):
+    with FusionDefinition() as fd:
+        tv = fd.define_tensor(shape)
+        fd.add_output(fd.ops.set(tv))
+    tv.set_device_mesh(mesh)
+    return tv
+
+
+def test_shard_tensor_with_a_stream_split_of_the_local_extent(rng):
+    full = random_array(rng, (8, 2), np.float64)
+    tv = _sharded_tv([8, 2], DeviceMesh([0, 1]))
+    tv.outer_split(0, 2)  # [2 (mesh_x), 4, 2]
+    tv.axis(0).parallelize(ParallelType.mesh_x)
+    tv.outer_split(1, 2)  # the device-local 4 rows in 2 chunks: [2, 2 (stream), 2, 2]
+    tv.axis(1).parallelize(ParallelType.stream)  # host-side chunks: not a sharding
+    assert [tv.axis(i).extent for i in range(4)] == [2, 2, 2, 2]
+    np.testing.assert_array_equal(shard_tensor(full, tv, 0), full[:4])
+    np.testing.assert_array_equal(shard_tensor(full, tv, 1), full[4:])
+    # A mesh dimension on the second-level split is rejected by the IR itself.
+    with pytest.raises(ValueError, match="T0: a mesh dimension must parallelize a first-level split"):
+        tv.axis(1).parallelize(ParallelType.mesh_y)
+
+
+def test_shard_tensor_errors(rng):
+    tv = _sharded_tv([6, 2], DeviceMesh(range(3)))
+    tv.outer_split(0, 3)
+    tv.axis(0).parallelize(ParallelType.mesh_x)
+    with pytest.raises(ValueError, match=r"T0 axis 0 of extent 7 does not split into its loop parts"):
+        shard_tensor(np.zeros((7, 2)), tv, 0)
+    with pytest.raises(ValueError, match="T0 has 2 dimensions, the array has 1"):
+        shard_tensor(np.zeros(6), tv, 0)
+    with pytest.raises(TypeError, match="TensorView"):
+        shard_tensor(np.zeros((6, 2)), "T0", 0)
