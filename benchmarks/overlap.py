@@ -4,11 +4,12 @@
 
 For each pattern (allgather_linear, linear_reduce_scatter: benchmarks/overlap_patterns.py), every
 backend, every size m = k = n and every chunk count s, it times (median over repeats of the slowest
-rank, each repeat started together after a barrier):
+rank; every run starts on all ranks together after a barrier, and each repeat runs every variant
+once, interleaved, so that the machine's load changing over time biases none of them):
   time      the stream-split program with s chunks
   comm      the pattern's communication alone (an allgather of x / a reduce-scatter of the partial result)
   compute   this rank's matmul alone (a local linear, no mesh)
-and prints speedup = time(s=1) / time(s) and fraction of ideal = max(comm, compute) / time (1.0: the
+and prints speedup = time(first s) / time(s) and fraction of ideal = max(comm, compute) / time (1.0: the
 shorter of the two is completely hidden behind the longer one; below max/(comm+compute): worse than
 not overlapping at all). Every chunked result is checked against s=1 before it is timed.
 
@@ -29,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import meshfuse  # noqa: E402
 from meshfuse import CommunicatorBackend, DataType  # noqa: E402
-from meshfuse.multidevice import Communicator, DeviceMesh  # noqa: E402
+from meshfuse.multidevice import Communicator, DeviceMesh, shard_tensor  # noqa: E402
 from overlap_patterns import PATTERNS, OverlapProgram, communication_only, local_linear  # noqa: E402
 
 DTYPES = {"float32": DataType.Float, "float64": DataType.Double, "bfloat16": DataType.BFloat16}
@@ -117,36 +118,39 @@ class Timer:
         (all_times,) = self._gather.execute([np.array([times], dtype=np.float64)])
         return list(np.max(all_times, axis=0))
 
-    def median(self, fn):
+    def medians(self, fns):
+        """{name: median seconds} of named callables. Each repeat runs all of them once, one after
+        another, so a change in the machine's load over time touches every variant alike."""
         for _ in range(self.warmup):
-            fn()
+            for fn in fns.values():
+                fn()
         self.arrays.sync()
-        times = []
+        times = {name: [] for name in fns}
         for _ in range(self.repeats):
-            self.comm.barrier()
-            start = time.perf_counter()
-            fn()
-            self.arrays.sync()
-            times.append(time.perf_counter() - start)
-        return statistics.median(self._slowest(times))
+            for name, fn in fns.items():
+                self.comm.barrier()
+                start = time.perf_counter()
+                fn()
+                self.arrays.sync()
+                times[name].append(time.perf_counter() - start)
+        return {name: statistics.median(self._slowest(t)) for name, t in times.items()}
 
 
 def bench_pattern(pattern, backend, size, args, arrays, timer, trace_dir):
+    """One row per chunk count: the stream-split program, its communication and its matmul alone."""
     rank = timer.rank
     dtype = DTYPES[args.dtype]
     x, w = arrays.random((size, size)), arrays.random((size, size))
+    fns = {}
 
     comm_fd, comm_shape, comm_in = communication_only(pattern, size, size, size, dtype=dtype, backend=backend)
-    from meshfuse.multidevice import shard_tensor
-
     comm_input = shard_tensor(arrays.random(comm_shape), comm_in, rank)
-    comm_time = timer.median(lambda: comm_fd.execute([comm_input]))
-
+    fns["comm"] = lambda: comm_fd.execute([comm_input])
     mm_fd, x_shape, w_shape = local_linear(pattern, size, size, size, dtype=dtype)
     mm_inputs = [arrays.random(x_shape), arrays.random(w_shape)]
-    compute_time = timer.median(lambda: mm_fd.execute(mm_inputs))
+    fns["compute"] = lambda: mm_fd.execute(mm_inputs)
 
-    rows, baseline, first = [], None, None
+    programs, first = {}, None
     for s in args.chunks:
         prog = OverlapProgram(pattern, size, size, size, chunks=s, dtype=dtype, backend=backend,
                               number_of_streams=args.streams)
@@ -157,17 +161,20 @@ def bench_pattern(pattern, backend, size, args, arrays, timer, trace_dir):
         elif not arrays.close(y, first):
             raise AssertionError(f"rank {rank}: {pattern} {backend.name} size {size}: s={s} differs from "
                                  f"s={args.chunks[0]}")
-        t = timer.median(lambda: prog.execute(inputs))
-        baseline = baseline or t
-        if trace_dir and s > 1:
-            prog.execute(inputs, trace=os.path.join(trace_dir, f"{pattern}_{backend.name}_{size}_s{s}.json"))
-        rows.append({
-            "pattern": pattern, "backend": backend.name, "size": size, "s": s, "time_s": t,
-            "comm_s": comm_time, "compute_s": compute_time, "speedup": baseline / t,
-            "fraction_of_ideal": max(comm_time, compute_time) / t,
-            "no_overlap_fraction": max(comm_time, compute_time) / (comm_time + compute_time),
-        })
-    return rows
+        programs[s] = (prog, inputs)
+        fns[s] = lambda prog=prog, inputs=inputs: prog.execute(inputs)
+    t = timer.medians(fns)
+    if trace_dir:
+        for s, (prog, inputs) in programs.items():
+            if s > 1:
+                prog.execute(inputs, trace=os.path.join(trace_dir, f"{pattern}_{backend.name}_{size}_s{s}.json"))
+    comm_time, compute_time, baseline = t["comm"], t["compute"], t[args.chunks[0]]
+    return [{
+        "pattern": pattern, "backend": backend.name, "size": size, "s": s, "time_s": t[s],
+        "comm_s": comm_time, "compute_s": compute_time, "speedup": baseline / t[s],
+        "fraction_of_ideal": max(comm_time, compute_time) / t[s],
+        "no_overlap_fraction": max(comm_time, compute_time) / (comm_time + compute_time),
+    } for s in args.chunks]
 
 
 TABLE_HEADER = (f"{'backend':<8} {'size':>5} {'s':>2} {'time ms':>9} {'comm ms':>9} {'compute ms':>10} "
