@@ -92,7 +92,8 @@ GlooBackend::GlooBackend(Communicator& communicator, const std::vector<int64_t>&
                          std::chrono::milliseconds operation_timeout)
     : Backend(CommunicatorBackend::Gloo, team, communicator.rank()),
       timeout_(operation_timeout),
-      self_(std::make_unique<gloo_backend::SelfMailbox>()) {
+      self_(std::make_unique<gloo_backend::SelfMailbox>()),
+      scratch_(std::make_shared<gloo_backend::ScratchBuffer>()) {
   if (timeout_.count() <= 0) throw std::invalid_argument("GlooBackend: the operation timeout must be positive");
   if (!alone()) context_ = gloo_backend::connectTeam(communicator, team, static_cast<int>(rankInTeam()), timeout_);
   queue_ = std::make_unique<gloo_backend::OpQueue>();
@@ -181,12 +182,12 @@ std::unique_ptr<Work> GlooBackend::reduceScatter(const Tensor& input, Tensor& ou
   }
   auto staging = std::make_shared<Staging>();
   char* in = staging->source(input);
-  char* reduced = staging->scratch(input.nbytes());
   char* out = staging->destination(output, false);
   const size_t numel = static_cast<size_t>(input.numel()), item = input.itemsize(), block = output.nbytes();
   const size_t mine = static_cast<size_t>(rankInTeam()) * block;
   return post(describe("reduceScatter(" + toString(op) + ")", &input), staging,
-              [=, ctx = context_, timeout = timeout_](uint32_t tag) {
+              [=, ctx = context_, timeout = timeout_, scratch = scratch_](uint32_t tag) {
+                char* reduced = scratch->get(numel * item);
                 ::gloo::AllreduceOptions opts(ctx);
                 withElementType(item, [&](auto zero) {
                   using T = decltype(zero);
@@ -220,15 +221,16 @@ std::unique_ptr<Work> GlooBackend::reduce(const Tensor& input, Tensor& output, i
   const bool in_place = is_root && sameBytes(input, output.data());
   char* in = in_place ? nullptr : staging->source(input);
   // Gloo's ring reduce uses the output as scratch on every rank, not only on the root.
-  char* out = is_root ? staging->destination(output, in_place) : staging->scratch(input.nbytes());
+  char* out = is_root ? staging->destination(output, in_place) : nullptr;  // nullptr: the worker's scratch
   const size_t numel = static_cast<size_t>(input.numel()), item = input.itemsize();
   return post(describe("reduce(" + toString(op) + ") to root " + std::to_string(root), &input), staging,
-              [=, ctx = context_, timeout = timeout_](uint32_t tag) {
+              [=, ctx = context_, timeout = timeout_, scratch = scratch_](uint32_t tag) {
+                char* target = out ? out : scratch->get(numel * item);
                 ::gloo::ReduceOptions opts(ctx);
                 withElementType(item, [&](auto zero) {
                   using T = decltype(zero);
                   if (in) opts.setInput<T>(reinterpret_cast<T*>(in), numel);
-                  opts.setOutput<T>(reinterpret_cast<T*>(out), numel);
+                  opts.setOutput<T>(reinterpret_cast<T*>(target), numel);
                 });
                 opts.setRoot(static_cast<int>(root));
                 opts.setReduceFunction(fn);

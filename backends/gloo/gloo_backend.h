@@ -23,6 +23,7 @@ class Communicator;
 
 namespace gloo_backend {
 class OpQueue;
+class ScratchBuffer;
 class SelfMailbox;
 class Staging;
 }  // namespace gloo_backend
@@ -66,8 +67,9 @@ class GlooBackend final : public Backend {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<::gloo::Context> context_;  // null for a team of one
   std::unique_ptr<gloo_backend::SelfMailbox> self_;
-  std::atomic<uint32_t> next_tag_{1};             // tag 0 was the connecting barrier
-  std::unique_ptr<gloo_backend::OpQueue> queue_;  // last: its destructor drains before the rest goes
+  std::shared_ptr<gloo_backend::ScratchBuffer> scratch_;  // the worker's
+  std::atomic<uint32_t> next_tag_{1};                     // tag 0 was the connecting barrier
+  std::unique_ptr<gloo_backend::OpQueue> queue_;          // last: its destructor drains before the rest goes
 };
 
 }  // namespace meshfuse

@@ -30,10 +30,10 @@ char* Staging::destination(const Tensor& t, bool copy_in) {
   return static_cast<char*>(host.data());
 }
 
-char* Staging::scratch(size_t bytes) {
-  Tensor buffer = Tensor::empty({static_cast<int64_t>(bytes)}, DataType::Bool);  // one byte an element
-  keep_.push_back(buffer);
-  return static_cast<char*>(buffer.data());
+char* ScratchBuffer::get(size_t bytes) {
+  if (!buffer_.defined() || buffer_.nbytes() < bytes)
+    buffer_ = Tensor::empty({static_cast<int64_t>(bytes)}, DataType::Bool);  // one byte an element
+  return static_cast<char*>(buffer_.data());
 }
 
 void Staging::finish() {

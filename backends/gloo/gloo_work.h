@@ -26,14 +26,24 @@ class Staging {
   char* source(const Tensor& t);
   // The host pointer the operation writes `t`'s result into; `copy_in`: it also reads `t`.
   char* destination(const Tensor& t, bool copy_in);
-  // A host scratch buffer of `bytes` (kept alive with the operation).
-  char* scratch(size_t bytes);
   // Runs the copies back to the device (after the operation succeeded).
   void finish();
 
  private:
   std::vector<Tensor> keep_;                            // alive until the operation has run
   std::vector<std::pair<Tensor, Tensor>> copies_back_;  // (host staging tensor, CUDA destination)
+};
+
+// Host scratch memory for the worker's operations (reduce-scatter's reduced copy, a non-root's
+// reduce buffer), kept and reused: a fresh buffer each call pays its page faults every time,
+// which for 64 MiB cost more than the reduction itself. Only the worker thread uses it, one
+// operation at a time; it keeps the largest size asked for until the backend goes.
+class ScratchBuffer {
+ public:
+  char* get(size_t bytes);  // valid until the next get
+
+ private:
+  Tensor buffer_;
 };
 
 class OpQueue {
