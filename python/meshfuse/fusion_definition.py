@@ -19,6 +19,8 @@ is no global state, and instances can execute from different threads at once.
 import datetime
 import threading
 
+import numpy as np
+
 from . import _arrays, _C, _validation
 from ._operands import dtype_of_number, install_tensor_view_operators, is_number
 
@@ -292,8 +294,51 @@ class FusionDefinition:
         convert = _arrays.to_torch if torch_out else _arrays.to_numpy
         return [None if t is None else convert(t) for t in results]
 
+    def _fast_plan(self):
+        """Per input, the numpy dtype and rank with which a C-contiguous, writable numpy array needs
+        none of the general checks (None: a scalar, or an input the general path must see: a mesh,
+        a dtype numpy lacks). Built once: reading TensorView properties through pybind11 on every
+        execute cost more than the execution of a small cached fusion."""
+        if getattr(self, "_plan", None) is None:
+            numpy_of = {dt: npd for npd, dt in _arrays.NUMPY_DTYPES.items()}
+            plan = []
+            for v in self._fusion.inputs():
+                if not v.is_tensor:
+                    plan.append("scalar")
+                    continue
+                fast = v.device_mesh is None and v.dtype not in (DataType.BFloat16, DataType.Bool)
+                plan.append((numpy_of.get(v.dtype), v.ndim) if fast else None)
+            bf16_out = [o.name for o in self._fusion.outputs() if o.dtype == DataType.BFloat16]
+            self._plan = (plan, bf16_out)
+        return self._plan
+
+    def _fast_arguments(self, inputs):
+        """The C++ arguments when every input takes the fast path (plain numpy arrays or numbers of
+        the right kind), else None: then _arguments checks everything and explains what is wrong."""
+        plan, bf16_out = self._fast_plan()
+        if bf16_out or not isinstance(inputs, (list, tuple)) or len(inputs) != len(plan):
+            return None
+        args = []
+        for expected, x in zip(plan, inputs):
+            if expected is None:
+                return None
+            if expected == "scalar":
+                if type(x) is not float and type(x) is not int:
+                    return None
+                args.append(float(x))
+                continue
+            dtype, ndim = expected
+            if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != ndim or not x.flags.c_contiguous \
+                    or not x.flags.writeable:
+                return None
+            args.append(_C.Tensor.from_dlpack(x.__dlpack__()))
+        return args
+
     def _arguments(self, inputs):
         """The checked C++ arguments for `inputs`, and whether outputs are torch tensors."""
+        fast = self._fast_arguments(inputs)
+        if fast is not None:
+            return fast, False
         fusion_inputs = self._fusion.inputs()
         _validation.check_input_count(fusion_inputs, inputs)
         rank = _lazy_rank()
