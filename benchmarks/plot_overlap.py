@@ -1,6 +1,7 @@
 """Draws a meshfuse Chrome trace (fd.execute(..., trace=...) or MESHFUSE_TRACE) as a PNG timeline:
 one row per rank x lane (lane 0 compute, lanes 1.. communication streams), one box per event,
-compute and communication in two colours, "[chunk i]" events labelled with i.
+compute and communication in two colours, "[chunk i]" events labelled with i; prints per rank the
+stream loop's time, the time in matmuls and the rest (what the overlap left exposed).
 
     /usr/bin/python3 benchmarks/plot_overlap.py trace.json -o overlap.png [--title TEXT]
 
@@ -68,6 +69,21 @@ def draw(spans, lane_names, title):
     return fig
 
 
+def summarize(spans):
+    """Per rank, over the chunk events: the loop's span, the time in matmuls, and the rest (the
+    compute lane waiting for communication or doing bookkeeping): what the overlap did not hide."""
+    lines = []
+    for pid in sorted({e["pid"] for e in spans}):
+        chunks = [e for e in spans if e["pid"] == pid and CHUNK.search(e["name"])]
+        if not chunks:
+            continue
+        loop = max(e["ts"] + e["dur"] for e in chunks) - min(e["ts"] for e in chunks)
+        matmuls = sum(e["dur"] for e in chunks if e.get("cat") == "compute")
+        lines.append(f"rank {pid}: stream loop {loop / 1e3:.2f} ms, in matmuls {matmuls / 1e3:.2f} ms, "
+                     f"exposed (waiting) {(loop - matmuls) / 1e3:.2f} ms")
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description="meshfuse trace JSON -> PNG timeline")
     p.add_argument("trace")
@@ -77,6 +93,8 @@ def main():
     spans, lane_names = load(args.trace)
     fig = draw(spans, lane_names, args.title or args.trace)
     fig.savefig(args.output)
+    for line in summarize(spans):
+        print(line)
     print(f"wrote {args.output}: {len(spans)} events on {len({(e['pid'], e['tid']) for e in spans})} lanes")
 
 
