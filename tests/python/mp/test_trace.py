@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
                                 "benchmarks"))
 
 import meshfuse  # noqa: E402
+from meshfuse import CommunicatorBackend  # noqa: E402
 from meshfuse.multidevice import Communicator  # noqa: E402
 from overlap_patterns import ALLGATHER_LINEAR, PATTERNS, OverlapProgram  # noqa: E402
 
@@ -25,7 +26,7 @@ CHUNK_EVENT = re.compile(r"^(?P<op>\w+) \[chunk (?P<chunk>\d+)\]$")
 
 def traced_run(pattern, path, use_env=False, monkeypatch=None):
     rows, k, cols = 8 * WORLD, 4 * WORLD, 4 * WORLD
-    p = OverlapProgram(pattern, rows, k, cols, chunks=CHUNKS, backend=meshfuse.available_backends()[0],
+    p = OverlapProgram(pattern, rows, k, cols, chunks=CHUNKS, backend=CommunicatorBackend.mpi,  # carries CPU tensors in every build
                        number_of_streams=STREAMS)
     x = np.arange(rows * k, dtype=np.float32).reshape(rows, k) / (rows * k)
     w = np.ones((cols, k), dtype=np.float32)
