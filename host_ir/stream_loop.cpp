@@ -28,15 +28,6 @@ struct Lanes {
   }
   double now() const { return tracer ? tracer->nowUs() : 0; }
 };
-
-// Open MPI's non-blocking collectives over shared memory advance only inside MPI calls, and the
-// matmul makes none: testing every chunk in flight right before each matmul lets the ones posted
-// since the last wait take their next steps (match, start the copy) before the core is busy.
-// Work::test never blocks, and a finished Work stays finished.
-void driveProgress(const std::vector<std::unique_ptr<Work>>& works, int64_t from, int64_t to) {
-  for (int64_t j = std::max<int64_t>(0, from); j < to; ++j)
-    if (works[j]) works[j]->test();
-}
 }  // namespace
 
 void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap& values, SegmentExecutor& executor,
@@ -75,7 +66,6 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
       works[i]->wait(params.timeout);
       lanes.record(comm_name, "communication", i, posted[i], true);
       if (i + depth < s) post(i + depth);
-      driveProgress(works, i + 1, std::min(s, i + depth + 1));
       ValueMap chunk_values = values;
       chunk_values.tensors[gathered] = buffers[i].view(shapes[gathered]);
       double begin = lanes.now();
@@ -121,7 +111,6 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
     posted[i] = lanes.now();
     works[i] = backend.reduceScatter(partials[i], out_slice, c.op);
     if (i >= depth) finish(i - depth);
-    driveProgress(works, i - depth + 1, i + 1);
   }
   for (int64_t i = std::max<int64_t>(0, s - depth); i < s; ++i) finish(i);
   values.tensors[y] = y_out;
