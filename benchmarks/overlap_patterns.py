@@ -125,6 +125,19 @@ def communication_only(pattern, rows, k, cols, *, dtype=DataType.Float, backend,
     return fd, shape, x
 
 
+def local_part_of_communication_only(pattern, rows, cols, *, dtype=DataType.Float):
+    """The local compute inside communication_only, alone, or None: for linear_reduce_scatter, the
+    sum over the extent-1 local axis 0 of p [1, rows, cols] that produces the Partial (a full pass
+    over the data the reduce-scatter then sends). Subtract its time to get the communication's.
+    Returns (fd, input shape) or None."""
+    if pattern != LINEAR_REDUCE_SCATTER:
+        return None
+    fd = FusionDefinition()
+    p = fd.define_tensor([1, rows, cols], dtype, contiguity=True)
+    fd.add_output(fd.ops.sum(p, 0))
+    return fd, [1, rows, cols]
+
+
 def local_linear(pattern, rows, k, cols, *, dtype=DataType.Float):
     """The matmul one rank does in the pattern, alone (no mesh): linear of [rows, k'] and [cols', k']
     with k' = k/d (row parallel) or cols' = cols/d (column parallel). Returns (fd, x shape, w shape)."""
