@@ -5,9 +5,18 @@
 
 #include <random>
 
+#include "multidevice/communicator.h"
+#include "multidevice/device_mesh.h"
 #include "runtime/tensor.h"
 
 namespace meshfuse::testing {
+
+// The 1-D mesh of every rank of the world, in rank order.
+inline DeviceMesh worldMesh() {
+  std::vector<int64_t> devices(static_cast<size_t>(Communicator::instance().size()));
+  for (size_t i = 0; i < devices.size(); ++i) devices[i] = static_cast<int64_t>(i);
+  return DeviceMesh(devices);
+}
 
 inline Tensor randomTensor(const std::vector<int64_t>& shape, uint64_t seed, DataType dtype = DataType::Float) {
   Tensor d = Tensor::empty(shape, DataType::Double);

@@ -21,6 +21,7 @@ using testing::expectClose;
 using testing::linearReference;
 using testing::randomTensor;
 using testing::shardOf;
+using testing::worldMesh;
 
 const std::vector<CommunicatorBackend> kHostBackends = {CommunicatorBackend::Mpi,
 #if MESHFUSE_HAVE_GLOO
@@ -36,12 +37,6 @@ MultiDeviceExecutorParams on(CommunicatorBackend backend) {
 
 int64_t worldSize() { return Communicator::instance().size(); }
 int64_t myRank() { return Communicator::instance().rank(); }
-
-DeviceMesh worldMesh() {
-  std::vector<int64_t> devices(static_cast<size_t>(worldSize()));
-  for (size_t i = 0; i < devices.size(); ++i) devices[i] = static_cast<int64_t>(i);
-  return DeviceMesh(devices);
-}
 
 // Splits logical `axis` of an unsplit tensor into mesh.size() parts along mesh_x.
 void shardAlong(TensorView* tv, int64_t axis, const DeviceMesh& mesh) {

@@ -21,11 +21,7 @@ class MultiDevice : public ::testing::Test {
   Communicator& comm = Communicator::instance();
   int64_t rank = comm.rank();
   int64_t n = comm.size();
-  DeviceMesh world() const {
-    std::vector<int64_t> d(n);
-    for (int64_t i = 0; i < n; ++i) d[i] = i;
-    return DeviceMesh(d);
-  }
+  DeviceMesh world() const { return testing::worldMesh(); }
   static void shard(TensorView* tv, int axis, const DeviceMesh& mesh, ParallelType p = ParallelType::MeshX) {
     tv->setDeviceMesh(mesh);
     int loop_axis = 0;

@@ -21,11 +21,7 @@ class StreamOverlap : public ::testing::TestWithParam<int64_t> {
   Communicator& comm = Communicator::instance();
   int64_t rank = comm.rank();
   int64_t n = comm.size();
-  DeviceMesh world() const {
-    std::vector<int64_t> d(n);
-    for (int64_t i = 0; i < n; ++i) d[i] = i;
-    return DeviceMesh(d);
-  }
+  DeviceMesh world() const { return testing::worldMesh(); }
   // Shards logical `axis` (a whole loop axis at loop position `loop_axis`) over the world.
   void shard(TensorView* tv, int64_t loop_axis) {
     tv->setDeviceMesh(world());
