@@ -52,6 +52,10 @@ class Backend {
   int64_t teamSize() const { return static_cast<int64_t>(team_.size()); }
   // Whether tensors on `device` can be passed (the Gloo and MPI backends stage CUDA tensors).
   virtual bool supports(Device device) const = 0;
+  // Whether operations are queued on the calling thread's current CUDA stream (NCCL, CUDA IPC):
+  // work queued later on that stream runs after them, so a caller may chain compute behind a
+  // communication without the host waiting for it. False for host-driven backends (MPI, Gloo).
+  virtual bool ordersOnCurrentStream() const { return false; }
 
   // Roots are ranks within the team (0 .. teamSize()-1). All tensors contiguous, same dtype.
   // output.numel() == teamSize() * input.numel(); block i comes from team rank i.

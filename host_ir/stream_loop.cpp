@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "multidevice/communicator.h"
+#include "runtime/stream_set.h"
 
 namespace meshfuse {
 
@@ -27,7 +28,38 @@ struct Lanes {
                 tracer->nowUs());
   }
   double now() const { return tracer ? tracer->nowUs() : 0; }
+  // Spans measured on the device: [begin, end) in the tracer's microseconds.
+  void recordSpan(const std::string& name, const char* cat, int64_t chunk, double begin, double end, bool comm) const {
+    if (!tracer) return;
+    tracer->add(name + " [chunk " + std::to_string(chunk) + "]", cat, comm ? 1 + chunk % streams : 0, begin, end);
+  }
 };
+
+// Device marks of one chunk: before its communication, between communication and compute, after.
+struct ChunkMarks {
+  int comm_begin = -1, comm_end = -1, compute_end = -1;
+};
+
+// Waits for every communication (their errors and deadlines), then writes the device-timed spans.
+void finishAsync(StreamSet& streams, std::vector<std::unique_ptr<Work>>& works, const std::vector<ChunkMarks>& marks,
+                 double created_us, const Lanes& lanes, const std::string& comm_name, const std::string& mm_name,
+                 bool comm_first, std::chrono::milliseconds timeout) {
+  streams.join();
+  for (auto& w : works) w->wait(timeout);
+  if (!lanes.tracer) return;
+  std::vector<double> t = streams.markTimesUs(created_us);
+  for (size_t i = 0; i < marks.size(); ++i) {
+    const ChunkMarks& m = marks[i];
+    const auto chunk = static_cast<int64_t>(i);
+    if (comm_first) {
+      lanes.recordSpan(comm_name, "communication", chunk, t[m.comm_begin], t[m.comm_end], true);
+      lanes.recordSpan(mm_name, "compute", chunk, t[m.comm_end], t[m.compute_end], false);
+    } else {  // compute, then communication: comm_begin is the compute's start
+      lanes.recordSpan(mm_name, "compute", chunk, t[m.comm_begin], t[m.comm_end], false);
+      lanes.recordSpan(comm_name, "communication", chunk, t[m.comm_end], t[m.compute_end], true);
+    }
+  }
+}
 }  // namespace
 
 void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap& values, SegmentExecutor& executor,
@@ -58,24 +90,45 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
       posted[i] = lanes.now();
       works[i] = backend.allgather(chunk, buffers[i]);
     };
-    for (int64_t i = 0; i < depth; ++i) post(i);
     ShapeMap shapes = hic.local_shapes;
     shapes[gathered] = withLeading(tail(x_local.shape()), {d * r});
     shapes[y] = withLeading(tail(y_shape), {d * r});
-    for (int64_t i = 0; i < s; ++i) {
-      works[i]->wait(params.timeout);
-      lanes.record(comm_name, "communication", i, posted[i], true);
-      if (i + depth < s) post(i + depth);
+    auto compute = [&](int64_t i) {
       ValueMap chunk_values = values;
       chunk_values.tensors[gathered] = buffers[i].view(shapes[gathered]);
-      double begin = lanes.now();
       executor.run(seg, chunk_values, shapes);
       // Chunk i holds rows i of every device's block: write them back to their places in y.
       Tensor out_i = chunk_values.tensor(y).contiguous();
       Tensor dst = chunkRows(y_out, d, s, r, i);
       dst.copyFrom(out_i.view(dst.shape()));
-      lanes.record(mm_name, "compute", i, begin, false);
       buffers[i] = Tensor();
+    };
+    const double created_us = lanes.now();
+    if (auto streams =
+            backend.ordersOnCurrentStream() ? makeStreamSet(hic.device, depth, tracer != nullptr) : nullptr) {
+      // On the device: chunk i's allgather, then its matmul, queued on stream i % depth.
+      std::vector<ChunkMarks> marks(s);
+      for (int64_t i = 0; i < s; ++i) {
+        streams->enter(i);
+        marks[i].comm_begin = streams->mark();
+        post(i);
+        marks[i].comm_end = streams->mark();
+        compute(i);
+        marks[i].compute_end = streams->mark();
+      }
+      finishAsync(*streams, works, marks, created_us, lanes, comm_name, mm_name, true, params.timeout);
+      values.tensors[y] = y_out;
+      return;
+    }
+    // From the host: up to `depth` allgathers in flight while the host computes the oldest chunk.
+    for (int64_t i = 0; i < depth; ++i) post(i);
+    for (int64_t i = 0; i < s; ++i) {
+      works[i]->wait(params.timeout);
+      lanes.record(comm_name, "communication", i, posted[i], true);
+      if (i + depth < s) post(i + depth);
+      double begin = lanes.now();
+      compute(i);
+      lanes.record(mm_name, "compute", i, begin, false);
     }
     values.tensors[y] = y_out;
     return;
@@ -95,6 +148,34 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
   ShapeMap shapes = hic.local_shapes;
   shapes[lhs] = withLeading(tail(lhs_full.shape()), {d * r});
   shapes[partial] = withLeading(tail(hic.local_shapes.at(partial)), {d * r});
+  auto compute = [&](int64_t i) {
+    ValueMap chunk_values = values;
+    chunk_values.tensors[lhs] = chunkRows(lhs_full, d, s, r, i).contiguous().view(shapes[lhs]);
+    executor.run(seg, chunk_values, shapes);
+    partials[i] = chunk_values.tensor(partial).contiguous();  // block j = the rows device j keeps
+  };
+  auto post = [&](int64_t i) {
+    Tensor out_slice = y_out.slice(0, i * r, r);
+    posted[i] = lanes.now();
+    works[i] = backend.reduceScatter(partials[i], out_slice, c.op);
+  };
+  const double created_us = lanes.now();
+  if (auto streams = backend.ordersOnCurrentStream() ? makeStreamSet(hic.device, depth, tracer != nullptr) : nullptr) {
+    // On the device: chunk i's matmul, then its reduce-scatter, queued on stream i % depth.
+    std::vector<ChunkMarks> marks(s);
+    for (int64_t i = 0; i < s; ++i) {
+      streams->enter(i);
+      marks[i].comm_begin = streams->mark();
+      compute(i);
+      marks[i].comm_end = streams->mark();
+      post(i);
+      marks[i].compute_end = streams->mark();
+      partials[i] = Tensor();  // freed in chunk i's stream order, after its reduce-scatter
+    }
+    finishAsync(*streams, works, marks, created_us, lanes, comm_name, mm_name, false, params.timeout);
+    values.tensors[y] = y_out;
+    return;
+  }
   auto finish = [&](int64_t i) {
     works[i]->wait(params.timeout);
     lanes.record(comm_name, "communication", i, posted[i], true);
@@ -102,14 +183,9 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
   };
   for (int64_t i = 0; i < s; ++i) {
     double begin = lanes.now();
-    ValueMap chunk_values = values;
-    chunk_values.tensors[lhs] = chunkRows(lhs_full, d, s, r, i).contiguous().view(shapes[lhs]);
-    executor.run(seg, chunk_values, shapes);
-    partials[i] = chunk_values.tensor(partial).contiguous();  // block j = the rows device j keeps
+    compute(i);
     lanes.record(mm_name, "compute", i, begin, false);
-    Tensor out_slice = y_out.slice(0, i * r, r);
-    posted[i] = lanes.now();
-    works[i] = backend.reduceScatter(partials[i], out_slice, c.op);
+    post(i);
     if (i >= depth) finish(i - depth);
   }
   for (int64_t i = std::max<int64_t>(0, s - depth); i < s; ++i) finish(i);

@@ -24,6 +24,7 @@ class CudaIpcBackend final : public Backend {
   CudaIpcBackend(Communicator& communicator, const std::vector<int64_t>& team);
   ~CudaIpcBackend() override;
   bool supports(Device device) const override { return device.type == DeviceType::CUDA; }
+  bool ordersOnCurrentStream() const override { return true; }
   int deviceIndex() const { return device_; }
   size_t stagingBytes() const;
 

@@ -89,10 +89,18 @@ NcclBackend::NcclBackend(Communicator& communicator, const std::vector<int64_t>&
   MESHFUSE_CUDA_CHECK(cudaMemset(barrier_buffer_, 0, sizeof(int)));
 }
 
+// Never throws: backends may be destroyed at process exit, after the CUDA runtime has shut down
+// ("driver shutting down"); then the communicator and the buffer are gone with the process anyway.
 NcclBackend::~NcclBackend() {
-  cuda::DeviceGuard guard(device_);
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  if (previous != device_) cudaSetDevice(device_);
   if (barrier_buffer_) cudaFree(barrier_buffer_);
   if (state_->comm && !state_->aborted) ncclCommDestroy(state_->comm);
+  if (previous != device_) cudaSetDevice(previous);
 }
 
 void NcclBackend::check(const std::string& op, const char* name, const Tensor& t) const {

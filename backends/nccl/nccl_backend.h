@@ -18,6 +18,7 @@ class NcclBackend final : public Backend {
   NcclBackend(Communicator& communicator, const std::vector<int64_t>& team);
   ~NcclBackend() override;
   bool supports(Device device) const override { return device.type == DeviceType::CUDA; }
+  bool ordersOnCurrentStream() const override { return true; }
   int deviceIndex() const { return device_; }
 
   std::unique_ptr<Work> allgather(const Tensor& input, Tensor& output) override;

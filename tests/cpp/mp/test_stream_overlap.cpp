@@ -7,6 +7,7 @@
 #include "mp_test_utils.h"
 #include "multidevice/communicator.h"
 #include "ops/ops.h"
+#include "stream_overlap_fusions.h"
 
 namespace meshfuse {
 namespace {
@@ -22,33 +23,11 @@ class StreamOverlap : public ::testing::TestWithParam<int64_t> {
   int64_t rank = comm.rank();
   int64_t n = comm.size();
   DeviceMesh world() const { return testing::worldMesh(); }
-  // Shards logical `axis` (a whole loop axis at loop position `loop_axis`) over the world.
-  void shard(TensorView* tv, int64_t loop_axis) {
-    tv->setDeviceMesh(world());
-    tv->outerSplit(loop_axis, n);
-    tv->parallelize(loop_axis, ParallelType::MeshX);
-  }
 };
 
 TEST_P(StreamOverlap, AllgatherThenLinear) {
   const int64_t s = GetParam(), rows = 8 * n, k = 12, cols = 4 * n;
-  auto f = std::make_shared<Fusion>();
-  TensorView* x = f->newTensor(DataType::Float, {rows, k});
-  TensorView* w = f->newTensor(DataType::Float, {cols, k});
-  TensorView* b = f->newTensor(DataType::Float, {cols});
-  f->addInput(x);
-  f->addInput(w);
-  f->addInput(b);
-  TensorView* y = ops::linear(x, w, b);
-  f->addOutput(y);
-  shard(x, 0);
-  shard(w, 0);
-  shard(b, 0);
-  y->setDeviceMesh(world());
-  y->outerSplit(1, n);
-  y->parallelize(1, ParallelType::MeshX);  // loop [i0, mesh_x:i1o, i1i]
-  y->outerSplit(0, s);
-  y->parallelize(0, ParallelType::Stream);  // loop [stream:i0o, i0i, mesh_x:i1o, i1i]
+  auto f = testing::allgatherLinearFusion(rows, k, cols, s, /*bias=*/true);
   Tensor xf = randomTensor({rows, k}, 201), wf = randomTensor({cols, k}, 202), bf = randomTensor({cols}, 203);
   FusionExecutorCache fec(f);
   MultiDeviceExecutorParams params;
@@ -63,18 +42,7 @@ TEST_P(StreamOverlap, AllgatherThenLinear) {
 
 TEST_P(StreamOverlap, LinearThenReduceScatter) {
   const int64_t s = GetParam(), rows = 8 * n, k = 4 * n, cols = 10;
-  auto f = std::make_shared<Fusion>();
-  TensorView* h = f->newTensor(DataType::Float, {rows, k});
-  TensorView* w = f->newTensor(DataType::Float, {cols, k});
-  f->addInput(h);
-  f->addInput(w);
-  TensorView* y = ops::linear(h, w);
-  f->addOutput(y);
-  shard(h, 1);
-  shard(w, 1);
-  shard(y, 0);          // loop [mesh_x:i0o, i0i, i1]
-  y->outerSplit(1, s);  // split the local rows: [mesh_x:i0o, i0io{s}, i0ii, i1]
-  y->parallelize(1, ParallelType::Stream);
+  auto f = testing::linearReduceScatterFusion(rows, k, cols, s);
   Tensor hf = randomTensor({rows, k}, 211), wf = randomTensor({cols, k}, 212);
   FusionExecutorCache fec(f);
   auto out = fec.execute({shardOf(hf, 1, n, rank), shardOf(wf, 1, n, rank)});
