@@ -85,10 +85,20 @@ Segment segmentOf(const Fusion& f, Segment::Kind kind, std::vector<Val*> inputs,
   return seg;
 }
 
-Tensor deviceFilled(const std::vector<int64_t>& shape, DataType dtype, int byte) {
-  Tensor t = Tensor::empty(shape, dtype, Device::cuda(0));
-  CHECK_CUDA(cudaMemset(t.data(), byte, t.nbytes()));
-  return t;
+// Uniform random values in [-1, 1) (xorshift64 on the host, cast on the device): constant data can
+// run faster than real data (seen on an H200: a bf16 matmul 13% faster on zeros).
+Tensor deviceRandom(const std::vector<int64_t>& shape, DataType dtype, uint64_t seed) {
+  Tensor host = Tensor::empty(shape, DataType::Float);
+  float* p = host.dataAs<float>();
+  uint64_t state = 0x9E3779B97F4A7C15ull ^ (seed * 0xD1B54A32D192ED03ull);
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    p[i] = static_cast<float>(static_cast<double>(state >> 11) * 0x1.0p-52 - 1.0);
+  }
+  Tensor device = host.to(Device::cuda(0));
+  return dtype == DataType::Float ? device : device.to(dtype);
 }
 
 void pointwiseChain(DataType dtype, int64_t n, int iters) {
@@ -103,8 +113,8 @@ void pointwiseChain(DataType dtype, int64_t n, int iters) {
   ShapeMap shapes = shapesOf(f);
   auto exec = makeCudaExecutor(0);
   ValueMap values;
-  values.tensors[x] = deviceFilled({n}, dtype, 0x3c);
-  values.tensors[y] = deviceFilled({n}, dtype, 0x3b);
+  values.tensors[x] = deviceRandom({n}, dtype, 1);
+  values.tensors[y] = deviceRandom({n}, dtype, 2);
   const double bytes_chain = 3.0 * static_cast<double>(n) * static_cast<double>(dataTypeSize(dtype));
   double ms = timeMs([&] { exec->run(seg, values, shapes); }, 3, iters);
   Tensor src = values.tensors[x], dst = Tensor::empty({n}, dtype, Device::cuda(0));
@@ -176,10 +186,9 @@ void linearBf16(int64_t s, int iters, bool bias) {
   ShapeMap shapes = shapesOf(f);
   auto exec = makeCudaExecutor(0);
   ValueMap values;
-  // 0x3c3c in bf16 is about 0.0115: finite products of random-free but non-zero data.
-  values.tensors[x] = deviceFilled({s, s}, DataType::BFloat16, 0x3c);
-  values.tensors[w] = deviceFilled({s, s}, DataType::BFloat16, 0x3c);
-  if (b) values.tensors[b] = deviceFilled({s}, DataType::BFloat16, 0x3c);
+  values.tensors[x] = deviceRandom({s, s}, DataType::BFloat16, 3);
+  values.tensors[w] = deviceRandom({s, s}, DataType::BFloat16, 4);
+  if (b) values.tensors[b] = deviceRandom({s}, DataType::BFloat16, 5);
   const double flops = 2.0 * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(s);
   double ms = timeMs([&] { exec->run(seg, values, shapes); }, 3, iters);
   Tensor out = Tensor::empty({s, s}, DataType::BFloat16, Device::cuda(0));
@@ -198,7 +207,7 @@ void hostOverhead(int iters) {
   ShapeMap shapes = shapesOf(f);
   auto exec = makeCudaExecutor(0);
   ValueMap values;
-  values.tensors[x] = deviceFilled({1024}, DataType::Float, 0);
+  values.tensors[x] = deviceRandom({1024}, DataType::Float, 6);
   for (int i = 0; i < 100; ++i) exec->run(seg, values, shapes);
   CHECK_CUDA(cudaDeviceSynchronize());
   auto t0 = std::chrono::steady_clock::now();
