@@ -9,12 +9,32 @@ import sys as _sys
 
 # Open MPI loads its transport plugins with dlopen, and they need libmpi's symbols: libmpi (a
 # dependency of _C through libmeshfuse) must be loaded RTLD_GLOBAL, or MPI_Init fails in Python.
-_saved_dlopen_flags = _sys.getdlopenflags()
-_sys.setdlopenflags(_os.RTLD_GLOBAL | _os.RTLD_NOW)
-try:
+# Only libmpi: _C itself stays RTLD_LOCAL, so nothing in it can interpose on the symbols of
+# libraries loaded later (torch crashed when it resolved libstdc++ functions to a global _C).
+def _load_libmpi_globally():
+    import ctypes
+    import ctypes.util
+
+    for name in ("libmpi.so.40", "libmpi.so.12", ctypes.util.find_library("mpi")):
+        if not name:
+            continue
+        try:
+            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+if _load_libmpi_globally():
     from . import _C
-finally:
-    _sys.setdlopenflags(_saved_dlopen_flags)
+else:  # an MPI library under another name: load _C (and with it libmpi) globally instead
+    _saved_dlopen_flags = _sys.getdlopenflags()
+    _sys.setdlopenflags(_os.RTLD_GLOBAL | _os.RTLD_NOW)
+    try:
+        from . import _C
+    finally:
+        _sys.setdlopenflags(_saved_dlopen_flags)
 
 from ._C import CommunicationTimeout, CommunicatorBackend, DataType, ParallelType
 from ._version import __version__
