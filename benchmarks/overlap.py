@@ -15,8 +15,11 @@ shorter of the two is completely hidden behind the longer one; below max/(comm+c
 not overlapping at all). Every chunked result is checked against s=1 before it is timed.
 
 --device cuda (needs torch with CUDA): torch tensors on this rank's GPU in, torch tensors out; backends
-cuda/nccl/mpi. The C++ stream loop does not yet run chunks on asynchronous CUDA streams, so on GPU
-this measures the chunking cost, not overlap.
+cuda/nccl/mpi. With cuda and nccl the C++ stream loop queues chunk i on CUDA stream i % streams, so
+chunk i+1's communication runs on the GPU while chunk i's matmul computes; mpi stages through the
+host. nccl needs one GPU per rank and the cuda backend has no reduce-scatter: such combinations are
+skipped with a note. Ranks that share one GPU also share its multiprocessors (and, without MPS, take
+turns on it), so there the compute of the ranks cannot overlap with each other.
 """
 import argparse
 import json
@@ -38,8 +41,22 @@ from overlap_patterns import (PATTERNS, OverlapProgram, communication_only, loca
 DTYPES = {"float32": DataType.Float, "float64": DataType.Double, "bfloat16": DataType.BFloat16}
 CPU_BACKENDS = (CommunicatorBackend.mpi, CommunicatorBackend.gloo)
 CUDA_BACKENDS = (CommunicatorBackend.cuda, CommunicatorBackend.nccl, CommunicatorBackend.mpi)
-GPU_NOTE = ("note: on CUDA the C++ stream loop runs chunks one after another on one stream (no asynchronous "
-            "CUDA streams yet): these numbers show the cost of chunking, not communication/compute overlap")
+GPU_NOTE = ("note: cuda/nccl chunks run on asynchronous CUDA streams; ranks sharing a GPU also share its "
+            "multiprocessors, so compute alone is measured with every rank computing at once")
+
+
+def skip_reason(pattern, backend, device, ranks):
+    """Why a (pattern, backend) pair cannot run here, or None."""
+    if device != "cuda":
+        return None
+    if backend == CommunicatorBackend.cuda and pattern == "linear_reduce_scatter":
+        return "the cuda backend has no reduce-scatter"
+    if backend == CommunicatorBackend.nccl:
+        import torch
+
+        if torch.cuda.device_count() < ranks:
+            return f"nccl needs one GPU per rank ({ranks} ranks, {torch.cuda.device_count()} GPU(s))"
+    return None
 
 
 def parse_args():
@@ -236,6 +253,11 @@ def main():
         if leader:
             print(f"\n{pattern}\n{TABLE_HEADER}\n{'-' * len(TABLE_HEADER)}", flush=True)
         for backend in backends:
+            why = skip_reason(pattern, backend, args.device, comm.size)
+            if why:
+                if leader:
+                    print(f"{backend.name:<8}  skipped: {why}", flush=True)
+                continue
             for size in sizes:
                 new = bench_pattern(pattern, backend, size, args, arrays, timer, args.trace_dir)
                 rows += new

@@ -34,6 +34,21 @@ def _torch():
     return sys.modules.get("torch")
 
 
+_torch_dtype_map = {}
+
+
+def torch_dtype_map():
+    """{torch dtype: DataType} once torch is imported ({} before), without Bool (the fast path leaves
+    it to the general one)."""
+    if not _torch_dtype_map:
+        torch = _torch()
+        if torch is not None:
+            for name, dtype in _TORCH_DTYPE_NAMES.items():
+                if dtype != DataType.Bool and hasattr(torch, name.split(".")[1]):
+                    _torch_dtype_map[getattr(torch, name.split(".")[1])] = dtype
+    return _torch_dtype_map
+
+
 def is_torch_tensor(obj):
     torch = _torch()
     return torch is not None and isinstance(obj, torch.Tensor)
@@ -87,11 +102,11 @@ def to_tensor(obj):
         return _C.Tensor.from_dlpack(obj)
     if _is_bool(obj) and not _exports_bool(obj):
         # numpy < 2 and torch < 2 cannot put bool in DLPack: pass the same bytes as uint8.
-        return _C.Tensor.from_dlpack(_dlpack_of(_uint8_view(obj)), uint8_as_bool=True)
-    return _C.Tensor.from_dlpack(_dlpack_of(obj))
+        return _C.Tensor.from_dlpack(dlpack_of(_uint8_view(obj)), uint8_as_bool=True)
+    return _C.Tensor.from_dlpack(dlpack_of(obj))
 
 
-def _dlpack_of(obj):
+def dlpack_of(obj):
     device_type, _ = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
     if int(device_type) == _KDL_CUDA:
         # meshfuse's CUDA work runs on the legacy default stream (1) unless told otherwise: the

@@ -295,10 +295,10 @@ class FusionDefinition:
         return [None if t is None else convert(t) for t in results]
 
     def _fast_plan(self):
-        """Per input, the numpy dtype and rank with which a C-contiguous, writable numpy array needs
-        none of the general checks (None: a scalar, or an input the general path must see: a mesh,
-        a dtype numpy lacks). Built once: reading TensorView properties through pybind11 on every
-        execute cost more than the execution of a small cached fusion."""
+        """Per input, what a plain array needs to take the fast path: (numpy dtype or None, rank,
+        DataType) for a tensor without a mesh and of a dtype other than Bool, "scalar" for a scalar,
+        None for an input the general path must see. Built once: reading TensorView properties
+        through pybind11 on every execute cost more than the execution of a small cached fusion."""
         if getattr(self, "_plan", None) is None:
             numpy_of = {dt: npd for npd, dt in _arrays.NUMPY_DTYPES.items()}
             plan = []
@@ -306,19 +306,21 @@ class FusionDefinition:
                 if not v.is_tensor:
                     plan.append("scalar")
                     continue
-                fast = v.device_mesh is None and v.dtype not in (DataType.BFloat16, DataType.Bool)
-                plan.append((numpy_of.get(v.dtype), v.ndim) if fast else None)
-            bf16_out = [o.name for o in self._fusion.outputs() if o.dtype == DataType.BFloat16]
+                fast = v.device_mesh is None and v.dtype != DataType.Bool
+                plan.append((numpy_of.get(v.dtype), v.ndim, v.dtype) if fast else None)
+            bf16_out = any(o.dtype == DataType.BFloat16 for o in self._fusion.outputs())
             self._plan = (plan, bf16_out)
         return self._plan
 
     def _fast_arguments(self, inputs):
-        """The C++ arguments when every input takes the fast path (plain numpy arrays or numbers of
-        the right kind), else None: then _arguments checks everything and explains what is wrong."""
+        """(C++ arguments, whether outputs are torch tensors) when every input takes the fast path
+        (C-contiguous numpy arrays or torch tensors of the defined dtype and rank, numbers), else None:
+        then _arguments checks everything and explains what is wrong."""
         plan, bf16_out = self._fast_plan()
-        if bf16_out or not isinstance(inputs, (list, tuple)) or len(inputs) != len(plan):
+        if not isinstance(inputs, (list, tuple)) or len(inputs) != len(plan):
             return None
-        args = []
+        torch_dtypes = _arrays.torch_dtype_map()  # {} until the user imports torch
+        args, torch_out = [], False
         for expected, x in zip(plan, inputs):
             if expected is None:
                 return None
@@ -327,18 +329,27 @@ class FusionDefinition:
                     return None
                 args.append(float(x))
                 continue
-            dtype, ndim = expected
-            if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != ndim or not x.flags.c_contiguous \
-                    or not x.flags.writeable:
+            np_dtype, ndim, dtype = expected
+            if type(x) is np.ndarray:
+                if np_dtype is None or x.dtype != np_dtype or x.ndim != ndim or not x.flags.c_contiguous \
+                        or not x.flags.writeable:
+                    return None
+                args.append(_C.Tensor.from_dlpack(x.__dlpack__()))
+            elif torch_dtypes and torch_dtypes.get(getattr(x, "dtype", None)) == dtype and type(x).__module__ == "torch" \
+                    and x.dim() == ndim and x.is_contiguous() and not x.requires_grad:
+                args.append(_C.Tensor.from_dlpack(_arrays.dlpack_of(x)))
+                torch_out = True
+            else:
                 return None
-            args.append(_C.Tensor.from_dlpack(x.__dlpack__()))
-        return args
+        if bf16_out and not torch_out:
+            return None  # the general path explains why numpy cannot hold the output
+        return args, torch_out
 
     def _arguments(self, inputs):
         """The checked C++ arguments for `inputs`, and whether outputs are torch tensors."""
         fast = self._fast_arguments(inputs)
         if fast is not None:
-            return fast, False
+            return fast
         fusion_inputs = self._fusion.inputs()
         _validation.check_input_count(fusion_inputs, inputs)
         rank = _lazy_rank()

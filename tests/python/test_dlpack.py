@@ -212,3 +212,32 @@ def test_torch_cuda_in_cuda_out():
     (out,) = fd.execute([x])
     assert out.is_cuda
     torch.testing.assert_close(out, torch.sigmoid(x) * 2.0, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_torch_fast_path_matches_and_rejects_what_it_cannot_take(device):
+    """Contiguous torch tensors of the defined dtype take execute's fast path (no per-input
+    validation); a wrong dtype, a non-contiguous view or a tensor that requires grad falls back to
+    the general path, which raises its usual errors."""
+    torch = pytest.importorskip("torch")
+    if device == "cuda" and (not torch.cuda.is_available()
+                             or not _C.Communicator.instance().is_available(_C.CommunicatorBackend.cuda)):
+        pytest.skip("needs a GPU and a meshfuse built with CUDA")
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1])
+        b = fd.define_tensor([-1, -1], DataType.BFloat16)
+        fd.add_output(fd.ops.add(a, fd.ops.cast(b, DataType.Float)))
+        fd.add_output(fd.ops.cast(fd.ops.mul(a, 3.0), DataType.BFloat16))
+    x = torch.randn(16, 24, device=device)
+    y = torch.randn(16, 24, device=device).to(torch.bfloat16)
+    assert fd._fast_arguments([x, y]) is not None
+    for _ in range(2):  # the second run is served from the cache
+        out, scaled = fd.execute([x, y])
+        torch.testing.assert_close(out, x + y.float(), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(scaled, (x * 3.0).to(torch.bfloat16), rtol=1e-2, atol=1e-2)
+        assert out.device == x.device and scaled.dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="expected dtype Float"):
+        fd.execute([x.double(), y])
+    view = torch.randn(24, 16, device=device).t()
+    assert fd._fast_arguments([view, y]) is None
+    assert fd._fast_arguments([x.requires_grad_(True), y]) is None
