@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 
@@ -214,8 +215,27 @@ std::vector<int64_t> everyone(int64_t n) {
   return v;
 }
 
+// A copy between device buffers (a peer's mapped staging, on the same or another GPU). On one GPU
+// a plain device-to-device cudaMemcpyAsync may run as a kernel on the multiprocessors, where it
+// waits behind a matmul that fills them: the copy the stream loop wants hidden then serializes.
+// cudaMemcpyBatchAsync with PreferOverlapWithCompute asks for the copy engines instead (a hint;
+// it needs a stream other than the legacy default one, so that stream keeps the plain copy).
+// MESHFUSE_CUDA_IPC_PLAIN_COPY=1 keeps the plain copy everywhere (for A/B measurements).
 void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
-  if (bytes) MESHFUSE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  static const bool plain = std::getenv("MESHFUSE_CUDA_IPC_PLAIN_COPY") != nullptr;
+  if (bytes == 0) return;
+  if (stream != nullptr && !plain) {
+    cudaMemcpyAttributes attrs{};
+    attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attrs_index = 0;
+    void* dsts[] = {dst};
+    const void* srcs[] = {src};
+    size_t sizes[] = {bytes};
+    if (cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attrs, &attrs_index, 1, stream) == cudaSuccess) return;
+    cudaGetLastError();  // not supported here: the plain copy below
+  }
+  MESHFUSE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 }  // namespace
 
