@@ -69,6 +69,9 @@ def parse_args():
     p.add_argument("--backends", nargs="+", help="default: every available one of mpi gloo (cpu), cuda nccl mpi (cuda)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="bfloat16 needs torch tensors")
     p.add_argument("--streams", type=int, default=2, help="number_of_streams: chunks in flight")
+    p.add_argument("--sm-margins", type=int, nargs="+", default=[0],
+                   help="CUDA: multiprocessors each chunk's matmul leaves to the communication "
+                        "(HostIrEvaluatorParams.overlap_sm_margin; one table block per value)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--json", help="write the rows as JSON here (rank 0)")
@@ -258,11 +261,18 @@ def main():
                 if leader:
                     print(f"{backend.name:<8}  skipped: {why}", flush=True)
                 continue
-            for size in sizes:
-                new = bench_pattern(pattern, backend, size, args, arrays, timer, args.trace_dir)
-                rows += new
-                if leader:
-                    print_rows(new)
+            for margin in (args.sm_margins if args.device == "cuda" else [0]):
+                # Read by the C++ stream loop at each execute (overlap_sm_margin left at -1).
+                os.environ["MESHFUSE_OVERLAP_SM_MARGIN"] = str(margin)
+                if leader and len(args.sm_margins) > 1:
+                    print(f"{backend.name:<8}  matmul SM margin {margin}", flush=True)
+                for size in sizes:
+                    new = bench_pattern(pattern, backend, size, args, arrays, timer, args.trace_dir)
+                    for r in new:
+                        r["sm_margin"] = margin
+                    rows += new
+                    if leader:
+                        print_rows(new)
                     if args.json:
                         write_json(args.json, args, comm.size, rows)
 

@@ -21,6 +21,10 @@ struct HostIrLowerParams {
 
 struct HostIrEvaluatorParams {
   int64_t number_of_streams = 4;
+  // Multiprocessors each matmul of a stream loop leaves free on a CUDA device (cuBLASLt's SM count
+  // target), so that communication kernels (NCCL, device-to-device copies) run beside it instead
+  // of queueing behind it; -1: env MESHFUSE_OVERLAP_SM_MARGIN, else 0 (every multiprocessor).
+  int64_t overlap_sm_margin = -1;
   // Deadline of every wait on a communication (env MESHFUSE_TIMEOUT, in seconds, overrides).
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
   std::string trace_path;  // when set, a Chrome trace JSON of the execution is written there

@@ -1,6 +1,7 @@
 #include "host_ir/stream_loop.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "multidevice/communicator.h"
 #include "runtime/stream_set.h"
@@ -34,6 +35,12 @@ struct Lanes {
     tracer->add(name + " [chunk " + std::to_string(chunk) + "]", cat, comm ? 1 + chunk % streams : 0, begin, end);
   }
 };
+
+int overlapSmMargin(const HostIrEvaluatorParams& params) {
+  if (params.overlap_sm_margin >= 0) return static_cast<int>(params.overlap_sm_margin);
+  const char* env = std::getenv("MESHFUSE_OVERLAP_SM_MARGIN");
+  return env ? std::max(0, std::atoi(env)) : 0;
+}
 
 // Device marks of one chunk: before its communication, between communication and compute, after.
 struct ChunkMarks {
@@ -73,6 +80,7 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
   const Lanes lanes{tracer, depth};
   const std::string comm_name = toString(c.type);
   const std::string mm_name = toString(mm->op());
+  const int sm_margin = overlapSmMargin(params);
 
   if (loop.kind == StreamLoop::Kind::AllgatherThenMatmul) {
     TensorView* gathered = c.out;  // the matmul's first operand
@@ -104,8 +112,8 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
       buffers[i] = Tensor();
     };
     const double created_us = lanes.now();
-    if (auto streams =
-            backend.ordersOnCurrentStream() ? makeStreamSet(hic.device, depth, tracer != nullptr) : nullptr) {
+    if (auto streams = backend.ordersOnCurrentStream() ? makeStreamSet(hic.device, depth, tracer != nullptr, sm_margin)
+                                                       : nullptr) {
       // On the device: chunk i's allgather, then its matmul, queued on stream i % depth.
       std::vector<ChunkMarks> marks(s);
       for (int64_t i = 0; i < s; ++i) {
@@ -160,7 +168,8 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
     works[i] = backend.reduceScatter(partials[i], out_slice, c.op);
   };
   const double created_us = lanes.now();
-  if (auto streams = backend.ordersOnCurrentStream() ? makeStreamSet(hic.device, depth, tracer != nullptr) : nullptr) {
+  if (auto streams =
+          backend.ordersOnCurrentStream() ? makeStreamSet(hic.device, depth, tracer != nullptr, sm_margin) : nullptr) {
     // On the device: chunk i's matmul, then its reduce-scatter, queued on stream i % depth.
     std::vector<ChunkMarks> marks(s);
     for (int64_t i = 0; i < s; ++i) {

@@ -53,6 +53,7 @@ void bindExecutor(py::module_& m) {
   py::class_<HostIrEvaluatorParams>(m, "HostIrEvaluatorParams")
       .def(py::init<>())
       .def_readwrite("number_of_streams", &HostIrEvaluatorParams::number_of_streams)
+      .def_readwrite("overlap_sm_margin", &HostIrEvaluatorParams::overlap_sm_margin)
       .def_readwrite("timeout", &HostIrEvaluatorParams::timeout, "A datetime.timedelta (or float seconds)")
       .def_readwrite("trace_path", &HostIrEvaluatorParams::trace_path);
 

@@ -13,10 +13,10 @@ bool registerStreamSetFactory(StreamSetFactory factory) {
   return true;
 }
 
-std::unique_ptr<StreamSet> makeStreamSet(Device device, int64_t depth, bool timing) {
+std::unique_ptr<StreamSet> makeStreamSet(Device device, int64_t depth, bool timing, int sm_margin) {
   StreamSetFactory factory = g_factory.load();
   if (factory == nullptr) return nullptr;
-  return factory(device, depth, timing);
+  return factory(device, depth, timing, sm_margin);
 }
 
 }  // namespace meshfuse

@@ -27,11 +27,12 @@ class StreamSet {
   virtual std::vector<double> markTimesUs(double created_us) = 0;
 };
 
-using StreamSetFactory = std::unique_ptr<StreamSet> (*)(Device device, int64_t depth, bool timing);
+// sm_margin: multiprocessors the matmuls queued through the set leave free (0: none).
+using StreamSetFactory = std::unique_ptr<StreamSet> (*)(Device device, int64_t depth, bool timing, int sm_margin);
 // Called once by the CUDA runtime when libmeshfuse loads.
 bool registerStreamSetFactory(StreamSetFactory factory);
 // Streams for `device` (the pool streams first wait for work already queued on the caller's
 // current stream); nullptr where no implementation serves the device.
-std::unique_ptr<StreamSet> makeStreamSet(Device device, int64_t depth, bool timing);
+std::unique_ptr<StreamSet> makeStreamSet(Device device, int64_t depth, bool timing, int sm_margin = 0);
 
 }  // namespace meshfuse

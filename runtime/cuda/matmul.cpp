@@ -76,7 +76,7 @@ cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int6
 }
 
 // Builds the plan; with `want_bias`, first tries the fused-bias epilogue.
-Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int align[4]) {
+Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int align[4], int sm_target) {
   const cudaDataType_t t = cudaTypeOf(p.dtype);
   const bool dbl = p.dtype == DataType::Double;
   const cublasComputeType_t compute =
@@ -108,6 +108,11 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int al
     cublasOperation_t opa = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
     MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (sm_target > 0) {  // the heuristic picks an algorithm for this many multiprocessors
+      int32_t sms = sm_target;
+      MESHFUSE_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
+    }
     if (fuse) {
       cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
       MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
@@ -161,12 +166,13 @@ void gemm(int device, const GemmProblem& p, const void* a, const void* b, void* 
   std::ostringstream key;
   key << static_cast<int>(p.dtype) << ":" << p.m << "," << p.n << "," << p.k << "," << p.batch << "," << p.stride_a
       << "," << p.stride_b << "," << p.stride_c << "," << p.trans_b << "," << (bias != nullptr) << "@" << align[0]
-      << "," << align[1] << "," << align[2] << "," << align[3];
+      << "," << align[1] << "," << align[2] << "," << align[3] << "/sm" << matmulSmCountTarget();
   // The lock covers the enqueue too: a fused-bias plan's descriptor carries this call's bias pointer.
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& state = stateOf(device);
   auto it = state.plans.find(key.str());
-  if (it == state.plans.end()) it = state.plans.emplace(key.str(), makePlan(state, p, bias != nullptr, align)).first;
+  if (it == state.plans.end())
+    it = state.plans.emplace(key.str(), makePlan(state, p, bias != nullptr, align, matmulSmCountTarget())).first;
   Plan* plan = &it->second;
   void* workspace = workspaceFor(state, stream);
   cublasLtHandle_t handle = state.handle;

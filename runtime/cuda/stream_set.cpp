@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "runtime/cuda/cuda_check.h"
@@ -16,8 +17,14 @@ namespace {
 
 class CudaStreamSet final : public StreamSet {
  public:
-  CudaStreamSet(int device, int64_t depth, bool timing) : device_(device), caller_(cuda::currentStream(device)) {
+  CudaStreamSet(int device, int64_t depth, bool timing, int sm_margin)
+      : device_(device), caller_(cuda::currentStream(device)), previous_sm_target_(cuda::matmulSmCountTarget()) {
     cuda::DeviceGuard guard(device_);
+    if (sm_margin > 0) {
+      int sms = 0;
+      MESHFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+      cuda::setMatmulSmCountTarget(std::max(1, sms - sm_margin));
+    }
     for (int64_t i = 0; i < depth; ++i) {
       cudaStream_t s = cuda::poolStream(device_, static_cast<int>(i));
       if (s == caller_) continue;  // a caller already on a pool stream keeps its own order
@@ -51,6 +58,7 @@ class CudaStreamSet final : public StreamSet {
 
   void join() override {
     current_.reset();
+    cuda::setMatmulSmCountTarget(previous_sm_target_);
     for (cudaStream_t s : streams_) cuda::streamWaitStream(device_, caller_, s);
     joined_ = true;
   }
@@ -89,12 +97,13 @@ class CudaStreamSet final : public StreamSet {
   std::optional<cuda::CurrentStreamGuard> current_;
   cudaEvent_t base_ = nullptr;
   std::vector<cudaEvent_t> marks_;
+  int previous_sm_target_;
   bool joined_ = false;
 };
 
-const bool registered = registerStreamSetFactory([](Device device, int64_t depth, bool timing) {
+const bool registered = registerStreamSetFactory([](Device device, int64_t depth, bool timing, int sm_margin) {
   if (device.type != DeviceType::CUDA) return std::unique_ptr<StreamSet>();
-  return std::unique_ptr<StreamSet>(std::make_unique<CudaStreamSet>(device.index, depth, timing));
+  return std::unique_ptr<StreamSet>(std::make_unique<CudaStreamSet>(device.index, depth, timing, sm_margin));
 });
 
 }  // namespace

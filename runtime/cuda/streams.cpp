@@ -75,6 +75,12 @@ DeviceGuard::~DeviceGuard() {
   if (cudaGetDevice(&now) == cudaSuccess && now != previous_ && previous_ >= 0) cudaSetDevice(previous_);
 }
 
+namespace {
+thread_local int t_matmul_sm_target = 0;
+}
+int matmulSmCountTarget() { return t_matmul_sm_target; }
+void setMatmulSmCountTarget(int sms) { t_matmul_sm_target = sms < 0 ? 0 : sms; }
+
 void streamWaitStream(int device, Stream waiter, Stream producer) {
   if (waiter == producer) return;
   DeviceGuard guard(device);

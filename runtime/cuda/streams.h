@@ -48,6 +48,11 @@ class DeviceGuard {
   int previous_;
 };
 
+// The calling thread's cuBLASLt SM count target for the matmuls it queues (0: every
+// multiprocessor); stream loops lower it while communication runs beside their matmuls.
+int matmulSmCountTarget();
+void setMatmulSmCountTarget(int sms);
+
 // `waiter` waits (on the GPU, the host does not block) for the work queued so far on `producer`.
 void streamWaitStream(int device, Stream waiter, Stream producer);
 void synchronizeStream(int device, Stream stream);
