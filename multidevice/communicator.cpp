@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "backends/mpi/mpi_helpers.h"
+#include "runtime/device_count.h"
 
 namespace meshfuse {
 
@@ -165,10 +166,18 @@ bool Communicator::isAvailable(CommunicatorBackend type) const {
   return registry().count(type) != 0;
 }
 
+CommunicatorBackend chooseAutoBackend(DeviceType device_type, bool nccl_available, int64_t ranks_on_node,
+                                      int64_t gpus_on_node) {
+  if (device_type == DeviceType::CUDA && nccl_available && gpus_on_node >= ranks_on_node)
+    return CommunicatorBackend::Nccl;
+  return CommunicatorBackend::Mpi;
+}
+
 CommunicatorBackend Communicator::resolve(CommunicatorBackend requested, Device device) const {
   if (requested != CommunicatorBackend::Auto) return requested;
-  if (device.type == DeviceType::CUDA && isAvailable(CommunicatorBackend::Nccl)) return CommunicatorBackend::Nccl;
-  return CommunicatorBackend::Mpi;
+  const bool cuda = device.type == DeviceType::CUDA;
+  return chooseAutoBackend(device.type, isAvailable(CommunicatorBackend::Nccl), local_size_,
+                           cuda ? cudaDeviceCountOrZero() : 0);
 }
 
 Backend& Communicator::backend(CommunicatorBackend type, const std::vector<int64_t>& team) {

@@ -15,6 +15,12 @@
 
 namespace meshfuse {
 
+// What `auto` means for tensors of `device_type`: NCCL when it is built and every rank of the node
+// has a GPU of its own (NCCL refuses two ranks on one GPU), else MPI, which carries every
+// communication (CUDA tensors staged through the host).
+CommunicatorBackend chooseAutoBackend(DeviceType device_type, bool nccl_available, int64_t ranks_on_node,
+                                      int64_t gpus_on_node);
+
 class Communicator;
 // Builds a backend for `team` (called on every member of the team, at the same point).
 using BackendFactory = std::function<std::unique_ptr<Backend>(Communicator&, const std::vector<int64_t>& team)>;
@@ -38,7 +44,7 @@ class Communicator {
   // The backends compiled in and usable here (MPI always; Gloo, NCCL, CUDA when built).
   std::vector<CommunicatorBackend> availableBackends() const;
   bool isAvailable(CommunicatorBackend type) const;
-  // Resolves `auto` for tensors on `device` (NCCL for CUDA when present, else MPI).
+  // Resolves `auto` for tensors on `device` (chooseAutoBackend with this node's ranks and GPUs).
   CommunicatorBackend resolve(CommunicatorBackend requested, Device device) const;
   // The cached backend for (type, team); the first call must be made by every member of the team.
   // Throws std::invalid_argument naming the available backends when `type` is not built.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/device_count.h"
 
 namespace meshfuse::cuda {
 
@@ -38,6 +39,8 @@ int deviceCount(std::string* reason) {
   if (count == 0 && reason) *reason = "cudaGetDeviceCount found no device";
   return count;
 }
+
+const bool counter_registered = registerCudaDeviceCounter([] { return deviceCount(nullptr); });
 
 int streamPoolSize() { return kPoolSize; }
 

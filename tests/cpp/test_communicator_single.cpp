@@ -7,6 +7,7 @@
 
 #include "backends/backend.h"
 #include "multidevice/communicator.h"
+#include "runtime/device_count.h"
 
 namespace meshfuse {
 namespace {
@@ -49,9 +50,10 @@ TEST_F(SingletonCommunicator, MpiIsAlwaysAvailableAndAutoResolvesToIt) {
   EXPECT_FALSE(comm().isAvailable(CommunicatorBackend::Ucc));  // UCC is not packaged anywhere we build
   EXPECT_EQ(comm().resolve(CommunicatorBackend::Auto, Device::cpu()), CommunicatorBackend::Mpi);
   EXPECT_EQ(comm().resolve(CommunicatorBackend::Gloo, Device::cpu()), CommunicatorBackend::Gloo);
+  // A world of one: NCCL where it is built and this process sees a GPU, else MPI.
   const auto for_cuda = comm().resolve(CommunicatorBackend::Auto, Device::cuda(0));
-  EXPECT_EQ(for_cuda,
-            comm().isAvailable(CommunicatorBackend::Nccl) ? CommunicatorBackend::Nccl : CommunicatorBackend::Mpi);
+  const bool nccl = comm().isAvailable(CommunicatorBackend::Nccl) && cudaDeviceCountOrZero() >= 1;
+  EXPECT_EQ(for_cuda, nccl ? CommunicatorBackend::Nccl : CommunicatorBackend::Mpi);
 }
 
 TEST_F(SingletonCommunicator, BackendOnTeamOfOneComputes) {
@@ -108,6 +110,21 @@ TEST_F(SingletonCommunicator, RecvWithoutSenderTimesOut) {
   auto work = mpi.recv(t, 0);
   EXPECT_FALSE(work->test());
   EXPECT_THROW(work->wait(std::chrono::milliseconds(100)), CommunicationTimeout);
+}
+
+}  // namespace
+}  // namespace meshfuse
+
+namespace meshfuse {
+namespace {
+
+TEST(AutoBackend, NcclOnlyWithAGpuPerRankElseMpi) {
+  using B = CommunicatorBackend;
+  EXPECT_EQ(chooseAutoBackend(DeviceType::CPU, true, 2, 8), B::Mpi);
+  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, true, 2, 2), B::Nccl);
+  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, true, 4, 8), B::Nccl);
+  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, true, 4, 1), B::Mpi);   // ranks sharing one GPU
+  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, false, 1, 1), B::Mpi);  // a build without NCCL
 }
 
 }  // namespace
