@@ -226,6 +226,22 @@ class ReshardingPass {
     return r;
   }
 
+  // A reshape keeps a mesh dimension on output axis b only where the blocks line up: b comes from
+  // an input axis (the leading one) and both extents divide by that dimension's size. Elsewhere the
+  // reshape runs on the whole (replicated) tensor and the result is sliced to its target after.
+  static Sharding reshapeComputeSharding(const Expr* e, Sharding compute, const DeviceMesh& mesh) {
+    const TensorView* in = e->inputTv(0);
+    const TensorView* out = e->out();
+    for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
+      const int b = compute.axis[d];
+      if (b < 0) continue;
+      const int64_t parts = mesh.size(meshParallelType(d));
+      const int a = inputAxisFor(e, 0, b);
+      if (a < 0 || in->shape()[a] % parts != 0 || out->shape()[b] % parts != 0) compute.axis[d] = -1;
+    }
+    return compute;
+  }
+
   // Lowers one original expr (or a piece of one) whose output should end up as `target` on `mesh`.
   // Returns the value that holds the result with that sharding.
   TensorView* lowerCompute(const Expr* e, std::vector<Val*> inputs, const DeviceMesh& mesh,
@@ -255,6 +271,7 @@ class ReshardingPass {
         }
       }
     }
+    if (e->op() == OpType::Reshape) compute = reshapeComputeSharding(e, compute, compute_mesh);
     // Linear with bias and a Partial result: add the bias once, after the reduction.
     if (e->op() == OpType::Linear && inputs.size() == 3 &&
         std::any_of(compute.partial.begin(), compute.partial.end(), [](bool p) { return p; })) {

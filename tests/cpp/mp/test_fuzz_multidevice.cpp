@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include "fuzz_runner.h"
+#include "mp_test_utils.h"
 #include "multidevice/communicator.h"
 #include "ops/ops.h"
 
@@ -53,11 +54,10 @@ TEST(FuzzMultiDevice, RandomShardedCasesMatchOrRaiseUserErrorOnEveryRank) {
   EXPECT_GT(matched, static_cast<int>(cases) / 3) << "most valid cases must run";
 }
 
-// Found by the fuzzer, reported: a reshape whose output is sharded along its leading axis while
-// the input's leading extent (1) does not divide by the mesh size is lowered to a local reshape of
-// mismatched sizes, and the CPU view throws std::invalid_argument mid-execution (it should run, or
-// raise UserError before any communication). Enable once the resharding pass handles it.
-TEST(FuzzMultiDevice, DISABLED_ReshapeIntoShardedLeadingAxis) {
+// Found by the fuzzer: a reshape whose output is sharded along its leading axis while the input's
+// leading extent (1) does not divide by the mesh size was lowered to a local reshape of mismatched
+// sizes. Now the reshape runs on the replicated input and each rank keeps its slice.
+TEST(FuzzMultiDevice, ReshapeIntoShardedLeadingAxis) {
   Communicator& comm = Communicator::instance();
   const int64_t n = comm.size();
   std::vector<int64_t> devices(static_cast<size_t>(n));
@@ -73,12 +73,32 @@ TEST(FuzzMultiDevice, DISABLED_ReshapeIntoShardedLeadingAxis) {
   y->parallelize(0, ParallelType::MeshX);
   Tensor full = Tensor::empty({1, 2 * n}, DataType::Float);
   for (int64_t i = 0; i < 2 * n; ++i) full.dataAs<float>()[i] = static_cast<float>(i);
-  try {
-    auto out = FusionExecutorCache(f).execute({full});
-    ASSERT_EQ(out[0].numel(), 2);
-    EXPECT_EQ(out[0].item(0), static_cast<double>(2 * comm.rank()));
-  } catch (const UserError&) {  // a clear rejection is fine too
-  }
+  auto out = FusionExecutorCache(f).execute({full});
+  ASSERT_EQ(out[0].shape(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(out[0].item(0), static_cast<double>(2 * comm.rank()));
+  EXPECT_EQ(out[0].item(1), static_cast<double>(2 * comm.rank() + 1));
+}
+
+// The same with the sharded output axis not the leading one: [2, 3n] -> [2, n, 3] sharded on the
+// middle axis, which no input axis maps to.
+TEST(FuzzMultiDevice, ReshapeIntoShardedInnerAxis) {
+  Communicator& comm = Communicator::instance();
+  const int64_t n = comm.size();
+  auto f = std::make_shared<Fusion>();
+  TensorView* x = f->newTensor(DataType::Float, {2, 3 * n});
+  f->addInput(x);
+  TensorView* y = ops::reshape(x, {2, n, 3});
+  f->addOutput(y);
+  x->setDeviceMesh(testing::worldMesh());
+  y->setDeviceMesh(testing::worldMesh());
+  y->outerSplit(1, n);
+  y->parallelize(1, ParallelType::MeshX);
+  Tensor full = testing::randomTensor({2, 3 * n}, 77);
+  auto out = FusionExecutorCache(f).execute({full});
+  ASSERT_EQ(out[0].shape(), (std::vector<int64_t>{2, 1, 3}));
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t k = 0; k < 3; ++k)
+      EXPECT_EQ(out[0].item(i * 3 + k), full.item(i * 3 * n + comm.rank() * 3 + k)) << i << "," << k;
 }
 
 }  // namespace
