@@ -45,6 +45,20 @@ TEST(CpuReduction, EveryOpDtypeAndAxisSet) {
         }
 }
 
+TEST(CpuReduction, AxesOfExtentOneAreAConvertingCopy) {
+  // Every reduced axis has extent 1 (the runtime's copy path), strided input included.
+  const DataType dtypes[] = {DataType::Float, DataType::Half, DataType::Int32, DataType::Bool};
+  uint64_t seed = 500;
+  for (OpType op : {OpType::Sum, OpType::ReduceMax, OpType::Mean})
+    for (DataType dt : dtypes)
+      for (bool keepdim : {false, true}) {
+        checkReduction(op, dt, {1, 33, 7}, {0}, keepdim, randomTensor({1, 33, 7}, dt, seed++, -10, 10));
+        checkReduction(op, dt, {5, 1, 3, 1}, {1, 3}, keepdim, randomTensor({5, 1, 3, 1}, dt, seed++, -10, 10));
+        Tensor wide = randomTensor({9, 1, 8}, dt, seed++, -10, 10);
+        checkReduction(op, dt, {8, 1, 9}, {1}, keepdim, wide.permute({2, 1, 0}));  // strided
+      }
+}
+
 TEST(CpuReduction, IntegerResultTypes) {
   Fusion f;
   TensorView* x = f.newTensor(DataType::Int32, {10, 4});
