@@ -337,7 +337,7 @@ class FusionDefinition:
                 args.append(_C.Tensor.from_dlpack(x.__dlpack__()))
             elif torch_dtypes and torch_dtypes.get(getattr(x, "dtype", None)) == dtype and type(x).__module__ == "torch" \
                     and x.dim() == ndim and x.is_contiguous() and not x.requires_grad:
-                args.append(_C.Tensor.from_dlpack(_arrays.dlpack_of(x)))
+                args.append(_C.Tensor.from_dlpack(_arrays.torch_dlpack_fast(x)))
                 torch_out = True
             else:
                 return None

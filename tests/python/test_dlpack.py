@@ -241,3 +241,21 @@ def test_torch_fast_path_matches_and_rejects_what_it_cannot_take(device):
     view = torch.randn(24, 16, device=device).t()
     assert fd._fast_arguments([view, y]) is None
     assert fd._fast_arguments([x.requires_grad_(True), y]) is None
+
+
+def test_torch_inputs_on_a_side_stream_are_ordered():
+    """On a torch side stream the fast import/export is not used: the stream handshake orders
+    torch's pending work on that stream before meshfuse reads, and meshfuse's before torch reads."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not _C.Communicator.instance().is_available(_C.CommunicatorBackend.cuda):
+        pytest.skip("needs a GPU and a meshfuse built with CUDA")
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1])
+        fd.add_output(fd.ops.mul(t, 2.0))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            x = torch.randn(1 << 22, device="cuda")
+            y = x * 3.0  # queued on the side stream; meshfuse must see it finished
+            (out,) = fd.execute([y])
+            torch.testing.assert_close(out, x * 6.0, rtol=1e-6, atol=1e-6)
