@@ -42,9 +42,11 @@ int overlapSmMargin(const HostIrEvaluatorParams& params) {
   return env ? std::max(0, std::atoi(env)) : 0;
 }
 
-// Device marks of one chunk: before its communication, between communication and compute, after.
+// Device marks of one chunk: before its first step, between its two steps, after the second (the
+// steps are communication then compute for an allgather loop, compute then communication for a
+// reduce-scatter loop).
 struct ChunkMarks {
-  int comm_begin = -1, comm_end = -1, compute_end = -1;
+  int start = -1, middle = -1, end = -1;
 };
 
 // Waits for every communication (their errors and deadlines), then writes the device-timed spans.
@@ -59,11 +61,11 @@ void finishAsync(StreamSet& streams, std::vector<std::unique_ptr<Work>>& works, 
     const ChunkMarks& m = marks[i];
     const auto chunk = static_cast<int64_t>(i);
     if (comm_first) {
-      lanes.recordSpan(comm_name, "communication", chunk, t[m.comm_begin], t[m.comm_end], true);
-      lanes.recordSpan(mm_name, "compute", chunk, t[m.comm_end], t[m.compute_end], false);
-    } else {  // compute, then communication: comm_begin is the compute's start
-      lanes.recordSpan(mm_name, "compute", chunk, t[m.comm_begin], t[m.comm_end], false);
-      lanes.recordSpan(comm_name, "communication", chunk, t[m.comm_end], t[m.compute_end], true);
+      lanes.recordSpan(comm_name, "communication", chunk, t[m.start], t[m.middle], true);
+      lanes.recordSpan(mm_name, "compute", chunk, t[m.middle], t[m.end], false);
+    } else {
+      lanes.recordSpan(mm_name, "compute", chunk, t[m.start], t[m.middle], false);
+      lanes.recordSpan(comm_name, "communication", chunk, t[m.middle], t[m.end], true);
     }
   }
 }
@@ -118,11 +120,11 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
       std::vector<ChunkMarks> marks(s);
       for (int64_t i = 0; i < s; ++i) {
         streams->enter(i);
-        marks[i].comm_begin = streams->mark();
+        marks[i].start = streams->mark();
         post(i);
-        marks[i].comm_end = streams->mark();
+        marks[i].middle = streams->mark();
         compute(i);
-        marks[i].compute_end = streams->mark();
+        marks[i].end = streams->mark();
       }
       finishAsync(*streams, works, marks, created_us, lanes, comm_name, mm_name, true, params.timeout);
       values.tensors[y] = y_out;
@@ -174,11 +176,11 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
     std::vector<ChunkMarks> marks(s);
     for (int64_t i = 0; i < s; ++i) {
       streams->enter(i);
-      marks[i].comm_begin = streams->mark();
+      marks[i].start = streams->mark();
       compute(i);
-      marks[i].comm_end = streams->mark();
+      marks[i].middle = streams->mark();
       post(i);
-      marks[i].compute_end = streams->mark();
+      marks[i].end = streams->mark();
       partials[i] = Tensor();  // freed in chunk i's stream order, after its reduce-scatter
     }
     finishAsync(*streams, works, marks, created_us, lanes, comm_name, mm_name, false, params.timeout);
