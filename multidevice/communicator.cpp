@@ -71,12 +71,19 @@ bool registerBackend(CommunicatorBackend type, BackendFactory factory) {
   return true;
 }
 
+namespace {
+std::atomic<bool> communicator_created{false};
+}  // namespace
+
 Communicator& Communicator::instance() {
   // Never destroyed: other statics may still use it during exit; the cleanup that matters
   // (backends, communicators, MPI_Finalize) runs from an atexit handler installed at init.
   static Communicator* communicator = new Communicator();
+  communicator_created.store(true, std::memory_order_release);
   return *communicator;
 }
+
+bool Communicator::exists() { return communicator_created.load(std::memory_order_acquire); }
 
 Communicator::Communicator() {
   int initialized = 0;

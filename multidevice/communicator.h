@@ -32,6 +32,9 @@ bool registerBackend(CommunicatorBackend type, BackendFactory factory);
 class Communicator {
  public:
   static Communicator& instance();
+  // Whether instance() has run in this process (asking does not start MPI): the Python front end
+  // aborts the job on an uncaught exception only where a world exists to abort.
+  static bool exists();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 

@@ -71,7 +71,15 @@ void bindMultidevice(py::module_& m) {
       .def_property_readonly("local_size", &Communicator::localSize)
       .def("barrier", &Communicator::barrier, py::call_guard<py::gil_scoped_release>())
       .def("available_backends", &Communicator::availableBackends)
-      .def("is_available", &Communicator::isAvailable, py::arg("backend"));
+      .def("is_available", &Communicator::isAvailable, py::arg("backend"))
+      .def_static("_exists", &Communicator::exists, "Whether instance() has run (asking does not start MPI)")
+      .def(
+          "_abort_job",
+          [](Communicator& c, int code, const std::string& why) {
+            py::gil_scoped_release release;  // MPI_Abort may take a while to end the other ranks
+            c.abort(code, why);
+          },
+          py::arg("code"), py::arg("why"), "Ends every process of the job (MPI_Abort); does not return");
 }
 
 }  // namespace meshfuse::python

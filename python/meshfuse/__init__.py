@@ -39,6 +39,9 @@ else:  # an MPI library under another name: load _C (and with it libmpi) globall
 from ._C import CommunicationTimeout, CommunicatorBackend, DataType, ParallelType
 from ._version import __version__
 from .fusion_definition import FusionDefinition
+from . import _abort_on_exception
+
+_abort_on_exception.install(_C.Communicator)
 
 
 def available_backends():
