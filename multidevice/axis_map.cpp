@@ -94,6 +94,21 @@ std::vector<int> inputToOutputAxes(const Expr* e, size_t i) {
       if (in->ndim() > 0 && out_rank > 0) m[0] = 0;
       return m;
     }
+    case OpType::StrideOrder: return rightAligned(in->ndim(), out_rank);
+    case OpType::Slice: {
+      // An axis taken whole keeps its blocks; a sliced one has no block-aligned counterpart.
+      std::vector<int> m(in->ndim());
+      for (int64_t a = 0; a < in->ndim(); ++a) {
+        const bool whole = attrs.axes[a] == 0 && attrs.strides[a] == 1 && attrs.shape[a] == in->shape()[a];
+        m[a] = whole ? static_cast<int>(a) : kNoAxis;
+      }
+      return m;
+    }
+    case OpType::Cat: {
+      std::vector<int> m(in->ndim());
+      for (int64_t a = 0; a < in->ndim(); ++a) m[a] = a == attrs.axes[0] ? kNoAxis : static_cast<int>(a);
+      return m;
+    }
     case OpType::Matmul: return matmulAxes(e, i);
     case OpType::Linear: return linearAxes(e, i);
     default: break;

@@ -242,6 +242,16 @@ class ReshardingPass {
     return compute;
   }
 
+  // Slice and cat compute a sharded output axis locally only where an input axis maps onto it
+  // whole; a sliced or concatenated axis is computed replicated and sliced to its target after.
+  static Sharding unmappedAxesReplicated(const Expr* e, Sharding compute) {
+    for (int d = 0; d < kMeshDims; ++d) {
+      const int b = compute.axis[d];
+      if (b >= 0 && inputAxisFor(e, 0, b) < 0) compute.axis[d] = -1;
+    }
+    return compute;
+  }
+
   // Lowers one original expr (or a piece of one) whose output should end up as `target` on `mesh`.
   // Returns the value that holds the result with that sharding.
   TensorView* lowerCompute(const Expr* e, std::vector<Val*> inputs, const DeviceMesh& mesh,
@@ -272,6 +282,7 @@ class ReshardingPass {
       }
     }
     if (e->op() == OpType::Reshape) compute = reshapeComputeSharding(e, compute, compute_mesh);
+    if (e->op() == OpType::Slice || e->op() == OpType::Cat) compute = unmappedAxesReplicated(e, compute);
     // Linear with bias and a Partial result: add the bias once, after the reduction.
     if (e->op() == OpType::Linear && inputs.size() == 3 &&
         std::any_of(compute.partial.begin(), compute.partial.end(), [](bool p) { return p; })) {

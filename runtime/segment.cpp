@@ -9,6 +9,7 @@ std::string toString(Segment::Kind kind) {
   switch (kind) {
     case Segment::Kind::Pointwise: return "pointwise";
     case Segment::Kind::Reduction: return "reduction";
+    case Segment::Kind::Normalization: return "normalization";
     case Segment::Kind::Matmul: return "matmul";
     case Segment::Kind::View: return "view";
   }

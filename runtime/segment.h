@@ -12,12 +12,21 @@
 
 namespace meshfuse {
 
+// This rank's block of a sharded tensor: its global shape and where the local block starts.
+struct GlobalBlock {
+  std::vector<int64_t> global_shape, offsets;
+};
+
 struct Segment {
-  enum class Kind : uint8_t { Pointwise, Reduction, Matmul, View };
+  // Normalization: reductions over the same axes with the pointwise ops that feed them and those
+  // that broadcast their results back (LayerNorm, softmax and their backward), run as one kernel.
+  enum class Kind : uint8_t { Pointwise, Reduction, Normalization, Matmul, View };
   Kind kind = Kind::Pointwise;
-  std::vector<const Expr*> exprs;     // in topological order
-  std::vector<Val*> inputs;           // tensors and scalars produced outside the segment
-  std::vector<TensorView*> outputs;   // values used outside the segment (or fusion outputs)
+  std::vector<const Expr*> exprs;    // in topological order
+  std::vector<Val*> inputs;          // tensors and scalars produced outside the segment
+  std::vector<TensorView*> outputs;  // values used outside the segment (or fusion outputs)
+  // Random ops whose output is sharded: the block of the global tensor this rank generates.
+  std::unordered_map<const Val*, GlobalBlock> global_blocks;
   std::string toString() const;
 };
 std::string toString(Segment::Kind kind);

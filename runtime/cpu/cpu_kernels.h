@@ -7,6 +7,7 @@ namespace meshfuse::cpu {
 
 void runPointwise(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runReduction(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
+void runNormalization(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runMatmul(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runView(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 

@@ -15,6 +15,7 @@
 #include "runtime/cuda/streams.h"
 #include "runtime/cuda/views.h"
 #include "runtime/segment.h"
+#include "runtime/view_ops.h"
 
 namespace meshfuse {
 
@@ -180,7 +181,15 @@ class SegmentRun {
       case OpType::Linear: return runProduct(e, out_shape);
       case OpType::Permute:
       case OpType::BroadcastInDim:
+      case OpType::Slice:
+      case OpType::StrideOrder:
       case OpType::Reshape: bind(e.out(), cuda::applyView(e, tensor(e.input(0)), out_shape)); return;
+      case OpType::Cat: {
+        std::vector<Tensor> parts;
+        for (const Val* v : e.inputs()) parts.push_back(tensor(v));
+        bind(e.out(), concatenate(parts, e.attrs().axes.at(0), out_shape));
+        return;
+      }
       default: break;
     }
     throw std::logic_error("CUDA executor: cannot run " + toString(e.op()) + " in " + seg_.toString());
