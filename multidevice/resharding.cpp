@@ -85,10 +85,16 @@ class ReshardingPass {
   }
 
   // The output sharding implied by the inputs along each dim (Partial where a sharded axis is reduced).
+  // Where inputs are sharded along one mesh dimension on different output axes, the first in
+  // `order` decides: for matmul and linear the weight (operand 1), so that a sequence-parallel
+  // activation is gathered rather than the weight (Megatron's SP), else operand order.
   Sharding propagate(const Expr* e, const std::vector<Val*>& inputs, const DeviceMesh& mesh) {
     Sharding s;
+    std::vector<size_t> order(inputs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if ((e->op() == OpType::Linear || e->op() == OpType::Matmul) && order.size() >= 2) std::swap(order[0], order[1]);
     for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
-      for (size_t i = 0; i < inputs.size(); ++i) {
+      for (size_t i : order) {
         if (!inputs[i]->isTensor()) continue;
         auto* tv = static_cast<TensorView*>(inputs[i]);
         if (tv->deviceMesh() != mesh) continue;
@@ -252,6 +258,29 @@ class ReshardingPass {
     return compute;
   }
 
+  // An annotation on a view's result that its input's blocks cannot produce locally would need the
+  // input gathered and the result sliced again: a user who sharded the input meant the view to stay
+  // local, so say which axes do not line up instead of moving the data behind their back. (Where
+  // the input is replicated along that mesh dimension, the slice is local and allowed.)
+  static void checkViewAnnotationHonoured(const Expr* e, const std::vector<Val*>& inputs, const Sharding& wanted,
+                                          const Sharding& local, const DeviceMesh& mesh) {
+    for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
+      if (wanted.axis[d] == local.axis[d]) continue;
+      for (Val* v : inputs) {
+        auto* tv = v->isTensor() ? static_cast<TensorView*>(v) : nullptr;
+        if (tv == nullptr || tv->deviceMesh() != mesh || shardingOf(tv).axis[d] < 0) continue;
+        const std::string p = toString(meshParallelType(d));
+        throw UserError(toString(e->op()) + ": " + e->out()->name() + " " + shapeToString(e->out()->shape()) +
+                        " is annotated sharded on axis " + std::to_string(wanted.axis[d]) + " along " + p + ", but " +
+                        describe(tv) + " is sharded on axis " + std::to_string(shardingOf(tv).axis[d]) + " " +
+                        shapeToString(tv->shape()) +
+                        " and its blocks do not line up with that axis (a reshape keeps a sharding on the first axis "
+                        "of a split or merge whose extent divides by the mesh size; slice and cat on untouched axes): "
+                        "annotate a sharding they line up with, or reshard explicitly with a set()");
+      }
+    }
+  }
+
   // Lowers one original expr (or a piece of one) whose output should end up as `target` on `mesh`.
   // Returns the value that holds the result with that sharding.
   TensorView* lowerCompute(const Expr* e, std::vector<Val*> inputs, const DeviceMesh& mesh,
@@ -281,8 +310,10 @@ class ReshardingPass {
         }
       }
     }
+    const Sharding wanted = compute;
     if (e->op() == OpType::Reshape) compute = reshapeComputeSharding(e, compute, compute_mesh);
     if (e->op() == OpType::Slice || e->op() == OpType::Cat) compute = unmappedAxesReplicated(e, compute);
+    if (target && !(compute == wanted)) checkViewAnnotationHonoured(e, inputs, wanted, compute, compute_mesh);
     // Linear with bias and a Partial result: add the bias once, after the reduction.
     if (e->op() == OpType::Linear && inputs.size() == 3 &&
         std::any_of(compute.partial.begin(), compute.partial.end(), [](bool p) { return p; })) {
