@@ -47,6 +47,9 @@ class SegmentExecutor {
   // Computes every output of `seg` (allocating it on the executor's device) from its inputs.
   virtual void run(const Segment& seg, ValueMap& values, const ShapeMap& shapes) = 0;
   virtual Device device() const = 0;
+  // Waits until the work run() queued has finished (a traced execution times segments with it:
+  // CUDA launches return before their kernels end). CPU segments finish inside run().
+  virtual void synchronize() {}
 };
 
 // Loops (fused, OpenMP over tiles) and OpenBLAS; 16-bit floats are computed in float32.

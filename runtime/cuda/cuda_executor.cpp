@@ -228,6 +228,7 @@ class CudaExecutor final : public SegmentExecutor {
     SegmentRun(device_, seg, values, shapes).execute();
   }
   Device device() const override { return Device::cuda(device_); }
+  void synchronize() override { cuda::synchronizeStream(device_, cuda::currentStream(device_)); }
 
  private:
   int device_;
