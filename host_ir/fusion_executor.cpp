@@ -121,14 +121,13 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     const Device device{sig.device, sig.device_index};
     auto lowerNew = [&] {
       auto program = std::make_shared<Program>();
-      {  // The user's shardings, checked on the definition itself: resharding re-derives loop domains
-         // from shardings, so a bad split of a non-input tensor would otherwise pass unnoticed.
-        GlobalShapes user_inputs;
-        for (size_t i = 0; i < fusion_->inputs().size(); ++i)
-          if (fusion_->inputs()[i]->isTensor()) user_inputs[fusion_->inputs()[i]] = sig.global[i];
-        bindShapes(*fusion_, user_inputs);
-      }
-      program->resharded = insertResharding(*fusion_);
+      // The user's shardings, checked on the definition itself: resharding re-derives loop domains
+      // from shardings, so a bad split of a non-input tensor would otherwise pass unnoticed. The
+      // bound extents also tell resharding which symbolic extents broadcast.
+      GlobalShapes user_inputs;
+      for (size_t i = 0; i < fusion_->inputs().size(); ++i)
+        if (fusion_->inputs()[i]->isTensor()) user_inputs[fusion_->inputs()[i]] = sig.global[i];
+      program->resharded = insertResharding(*fusion_, bindShapes(*fusion_, user_inputs));
       const Fusion& lowered = *program->resharded.fusion;
       GlobalShapes input_shapes;
       for (size_t i = 0; i < lowered.inputs().size(); ++i)

@@ -213,11 +213,7 @@ class FusionFuzzer {
       std::vector<int64_t> shape;
       for (int64_t d : perm) shape.push_back(a.shape[static_cast<size_t>(d)]);
       push(ops::permute(a.tv, perm), shape);
-    } else if (r < 0.95 && n_ == 1) {
-      // Reshape only on one device: with a real split, the resharding pass maps reshape's leading
-      // axis to the output's without checking that both leading extents divide by the mesh size,
-      // and the CPU view then fails with std::invalid_argument (reported; see the DISABLED_ test in
-      // tests/cpp/mp/test_fuzz_multidevice.cpp).
+    } else if (r < 0.95) {
       const int64_t n = numelOf(a.shape);
       std::vector<int64_t> shape = n % 2 == 0 && chance(0.5) ? std::vector<int64_t>{2, n / 2} : std::vector<int64_t>{n};
       std::vector<int64_t> target = shape;
