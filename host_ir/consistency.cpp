@@ -58,10 +58,25 @@ int64_t firstDifference(const std::vector<uint64_t>& a, uint64_t a_count, const 
   return -1;
 }
 
+// Every member learns which members failed to lower (round 1 flagged them) and why, and throws.
+[[noreturn]] void throwLoweringFailures(const std::vector<int64_t>& team, const std::vector<uint64_t>& failed,
+                                        const std::string& error, std::chrono::milliseconds timeout) {
+  std::vector<std::string> errors = Communicator::instance().allgatherBytes(team, error, timeout);
+  std::vector<size_t> ranks;
+  for (size_t r = 0; r < team.size(); ++r)
+    if (failed[r]) ranks.push_back(r);
+  std::ostringstream os;
+  os << "rank" << (ranks.size() > 1 ? "s " : " ");
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << team[ranks[i]];
+  os << " failed while lowering this fusion, so no rank executes";
+  for (size_t r : ranks) os << "\n  rank " << team[r] << ": " << errors[r];
+  throw UserError(os.str());
+}
+
 }  // namespace
 
 void checkProgramsAgree(const std::vector<std::string>& lines, const std::vector<int64_t>& team,
-                        std::chrono::milliseconds timeout) {
+                        std::chrono::milliseconds timeout, const std::string& error) {
   Communicator& comm = Communicator::instance();
   std::vector<uint64_t> per_line;  // (hash, length) per line
   uint64_t total = fingerprintHash("");
@@ -73,14 +88,19 @@ void checkProgramsAgree(const std::vector<std::string>& lines, const std::vector
   }
   const uint64_t count = lines.size();
 
-  // Round 1, the only one when all agree: (line count, hash of all lines).
-  std::vector<std::string> summaries = comm.allgatherBytes(team, packWords<uint64_t>({count, total}), timeout);
-  std::vector<uint64_t> counts, totals;
+  // Round 1, the only one when all agree: (line count, hash of all lines, whether lowering failed).
+  const uint64_t failed_here = error.empty() ? 0 : 1;
+  std::vector<std::string> summaries =
+      comm.allgatherBytes(team, packWords<uint64_t>({count, total, failed_here}), timeout);
+  std::vector<uint64_t> counts, totals, failed;
   for (const std::string& s : summaries) {
     auto w = unpackWords<uint64_t>(s);
     counts.push_back(w.at(0));
     totals.push_back(w.at(1));
+    failed.push_back(w.at(2));
   }
+  if (std::any_of(failed.begin(), failed.end(), [](uint64_t f) { return f != 0; }))
+    throwLoweringFailures(team, failed, error, timeout);
   std::vector<size_t> differing;
   for (size_t r = 1; r < team.size(); ++r)
     if (counts[r] != counts[0] || totals[r] != totals[0]) differing.push_back(r);
@@ -135,15 +155,33 @@ void checkProgramsAgree(const std::vector<std::string>& lines, const std::vector
   throw UserError(os.str());
 }
 
-void checkNewProgramAgrees(const Fusion& lowered, const InputSignature& sig, const MultiDeviceExecutorParams& params,
-                           Device device, std::chrono::milliseconds timeout) {
+void checkNewProgramAgrees(const Fusion* lowered, std::exception_ptr failure, const InputSignature& sig,
+                           const MultiDeviceExecutorParams& params, Device device, std::chrono::milliseconds timeout) {
   Communicator& comm = Communicator::instance();
-  std::vector<std::string> lines =
-      programFingerprint(lowered, sig, params, comm.resolve(params.lower.communicator_backend, device));
+  std::vector<std::string> lines;
+  std::string error;
+  if (lowered) {
+    lines = programFingerprint(*lowered, sig, params, comm.resolve(params.lower.communicator_backend, device));
+  } else {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      error = e.what();
+    } catch (...) {
+      error = "an unknown exception";
+    }
+    if (error.empty()) error = "(an exception without a message)";  // round 1 tells failure by a non-empty error
+  }
   std::vector<int64_t> world(static_cast<size_t>(comm.size()));
   for (int64_t r = 0; r < comm.size(); ++r) world[static_cast<size_t>(r)] = r;
-  withTimeoutPolicy("in the consistency check of a new program over the world (backend mpi)",
-                    [&] { checkProgramsAgree(lines, world, timeout); });
+  withTimeoutPolicy("in the consistency check of a new program over the world (backend mpi)", [&] {
+    try {
+      checkProgramsAgree(lines, world, timeout, error);
+    } catch (const UserError&) {
+      if (failure) std::rethrow_exception(failure);  // the failing rank raises its own error
+      throw;
+    }
+  });
 }
 
 }  // namespace meshfuse

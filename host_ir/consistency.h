@@ -5,6 +5,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -21,16 +22,21 @@ std::vector<std::string> programFingerprint(const Fusion& lowered, const InputSi
                                             CommunicatorBackend resolved_backend);
 
 // Collective over `team` (world ranks; every member calls it): compares the members' lines.
-// Returns when all are equal (one allgather of 16 bytes); otherwise every member throws the same
+// Returns when all are equal (one allgather of 24 bytes); otherwise every member throws the same
 // UserError naming the ranks that differ from the team's first rank and the text, on each of
 // them, of the first line that differs. CommunicationTimeout when a member does not arrive.
+// A member that could not lower its program passes its error instead of lines (`error` not
+// empty): every member then throws a UserError naming the failing ranks and their errors, at
+// once, rather than the others waiting for lines that never come.
 void checkProgramsAgree(const std::vector<std::string>& lines, const std::vector<int64_t>& team,
-                        std::chrono::milliseconds timeout);
+                        std::chrono::milliseconds timeout, const std::string& error = "");
 
-// The executor's call, for a program it just lowered on `device`: the fingerprint of this rank,
-// compared over the world (a CommunicationTimeout goes to the timeout policy).
-void checkNewProgramAgrees(const Fusion& lowered, const InputSignature& sig, const MultiDeviceExecutorParams& params,
-                           Device device, std::chrono::milliseconds timeout);
+// The executor's call after lowering a new program on `device`: the fingerprint of this rank's
+// `lowered` program, compared over the world (a CommunicationTimeout goes to the timeout policy).
+// `lowered` is null when lowering failed here with `failure`: this rank joins the check with that
+// error, the others raise a UserError naming it, and this rank rethrows `failure`.
+void checkNewProgramAgrees(const Fusion* lowered, std::exception_ptr failure, const InputSignature& sig,
+                           const MultiDeviceExecutorParams& params, Device device, std::chrono::milliseconds timeout);
 
 // FNV-1a, 64 bit: the same on every rank and build (std::hash is not).
 uint64_t fingerprintHash(const std::string& text, uint64_t seed = 1469598103934665603ull);

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <exception>
 #include <sstream>
 
 #include "host_ir/consistency.h"
@@ -136,27 +137,42 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   std::string key = cacheKey(sig, params);
   auto it = programs_.find(key);
   if (it == programs_.end()) {
-    auto program = std::make_shared<Program>();
-    {  // The user's shardings, checked on the definition itself: resharding re-derives loop domains
-       // from shardings, so a bad split of a non-input tensor would otherwise pass unnoticed.
+    const Device device{sig.device, sig.device_index};
+    auto lowerNew = [&] {
+      auto program = std::make_shared<Program>();
+      // The user's shardings, checked on the definition itself: resharding re-derives loop domains
+      // from shardings, so a bad split of a non-input tensor would otherwise pass unnoticed. The
+      // bound extents also tell resharding which symbolic extents broadcast.
       GlobalShapes user_inputs;
       for (size_t i = 0; i < fusion_->inputs().size(); ++i)
         if (fusion_->inputs()[i]->isTensor()) user_inputs[fusion_->inputs()[i]] = sig.global[i];
-      bindShapes(*fusion_, user_inputs);
+      program->resharded = insertResharding(*fusion_, bindShapes(*fusion_, user_inputs));
+      const Fusion& lowered = *program->resharded.fusion;
+      GlobalShapes input_shapes;
+      for (size_t i = 0; i < lowered.inputs().size(); ++i)
+        if (lowered.inputs()[i]->isTensor()) input_shapes[lowered.inputs()[i]] = sig.global[i];
+      GlobalShapes shapes = bindShapes(lowered, input_shapes);
+      program->hic = HostIrLower(params.lower).lower(lowered, shapes, rank, device);
+      program->executor = executorFor(device);
+      if (debug::enabled(debug::Level::Info)) debug::info("lowered a new host program:\n" + program->hic->toString());
+      return program;
+    };
+    std::shared_ptr<Program> program;
+    if (multi && comm->size() > 1) {
+      // Before its first communication the ranks check that they lowered the same program (once
+      // per cached program); on a mismatch nothing is cached and every rank raises. A rank whose
+      // lowering failed (a definition that differs per rank, say) joins the check with its error,
+      // so the others raise at once instead of waiting for it until the timeout.
+      std::exception_ptr failure;
+      try {
+        program = lowerNew();
+      } catch (const std::exception&) {
+        failure = std::current_exception();
+      }
+      checkNewProgramAgrees(program ? program->resharded.fusion.get() : nullptr, failure, sig, params, device, timeout);
+    } else {
+      program = lowerNew();
     }
-    program->resharded = insertResharding(*fusion_);
-    const Fusion& lowered = *program->resharded.fusion;
-    GlobalShapes input_shapes;
-    for (size_t i = 0; i < lowered.inputs().size(); ++i)
-      if (lowered.inputs()[i]->isTensor()) input_shapes[lowered.inputs()[i]] = sig.global[i];
-    GlobalShapes shapes = bindShapes(lowered, input_shapes);
-    Device device{sig.device, sig.device_index};
-    program->hic = HostIrLower(params.lower).lower(lowered, shapes, rank, device);
-    program->executor = executorFor(device);
-    if (debug::enabled(debug::Level::Info)) debug::info("lowered a new host program:\n" + program->hic->toString());
-    // Before its first communication the ranks check that they lowered the same program (once per
-    // cached program); on a mismatch nothing is cached and every rank raises.
-    if (multi && comm->size() > 1) checkNewProgramAgrees(lowered, sig, params, device, timeout);
     it = programs_.emplace(key, std::move(program)).first;
   }
   last_ = it->second;

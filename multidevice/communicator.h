@@ -55,7 +55,7 @@ class Communicator {
 
   // Bootstrap helpers over the world (MPI), used by backends to exchange ids and by the
   // executor's pre-flight check. Each has a deadline: a rank that never arrives is an error.
-  // Every member of `team` passes `bytes` of the same size; returns all contributions, in team order.
+  // Every member of `team` passes its `bytes` (sizes may differ); returns all contributions, in team order.
   std::vector<std::string> allgatherBytes(const std::vector<int64_t>& team, const std::string& bytes,
                                           std::chrono::milliseconds timeout);
   // The MPI communicator (MPI_Comm, as a handle) for a team, created on first use (collective over the team).

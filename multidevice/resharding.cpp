@@ -38,7 +38,8 @@ bool axesDistinct(const Sharding& s) {
 
 class ReshardingPass {
  public:
-  explicit ReshardingPass(const Fusion& original) : original_(original), out_(std::make_unique<Fusion>()) {
+  ReshardingPass(const Fusion& original, const BoundShapes& bound)
+      : original_(original), bound_(bound), out_(std::make_unique<Fusion>()) {
     map_.assign(original.vals().size(), nullptr);
     for (const auto& v : original.vals()) {
       if (!v->isTensor()) continue;
@@ -201,6 +202,13 @@ class ReshardingPass {
     return result;
   }
 
+  // The extent of axis `a` of `v` (a tensor of the original fusion, or of a scratch expr): bound at
+  // execute where known, since a symbolic extent may bind to 1 and broadcast; else as defined.
+  int64_t extentOf(const Val* v, int a) const {
+    if (auto it = bound_.find(v); it != bound_.end()) return it->second[static_cast<size_t>(a)];
+    return static_cast<const TensorView*>(v)->shape()[static_cast<size_t>(a)];
+  }
+
   // The sharding input i must have for `e` to compute locally with output sharding `out`.
   Sharding requiredInput(const Expr* e, size_t i, const TensorView* in, const Sharding& out,
                          const Sharding& partial_src, const DeviceMesh& mesh) {
@@ -225,7 +233,8 @@ class ReshardingPass {
       if (b < 0) continue;
       for (size_t a = 0; a < m.size(); ++a) {
         if (m[a] != b) continue;
-        if (in->shape()[a] == 1 && e->out()->shape()[b] != 1) break;  // broadcast operand: replicated
+        if (extentOf(e->inputs()[i], static_cast<int>(a)) == 1 && extentOf(e->out(), b) != 1)
+          break;  // broadcast operand: replicated
         r.axis[d] = static_cast<int>(a);
       }
     }
@@ -235,15 +244,13 @@ class ReshardingPass {
   // A reshape keeps a mesh dimension on output axis b only where the blocks line up: b comes from
   // an input axis (the leading one) and both extents divide by that dimension's size. Elsewhere the
   // reshape runs on the whole (replicated) tensor and the result is sliced to its target after.
-  static Sharding reshapeComputeSharding(const Expr* e, Sharding compute, const DeviceMesh& mesh) {
-    const TensorView* in = e->inputTv(0);
-    const TensorView* out = e->out();
+  Sharding reshapeComputeSharding(const Expr* e, Sharding compute, const DeviceMesh& mesh) const {
     for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
       const int b = compute.axis[d];
       if (b < 0) continue;
       const int64_t parts = mesh.size(meshParallelType(d));
       const int a = inputAxisFor(e, 0, b);
-      if (a < 0 || in->shape()[a] % parts != 0 || out->shape()[b] % parts != 0) compute.axis[d] = -1;
+      if (a < 0 || extentOf(e->inputs()[0], a) % parts != 0 || extentOf(e->out(), b) % parts != 0) compute.axis[d] = -1;
     }
     return compute;
   }
@@ -426,6 +433,7 @@ class ReshardingPass {
   }
 
   const Fusion& original_;
+  const BoundShapes& bound_;
   std::unique_ptr<Fusion> out_;
   std::vector<Val*> map_;
   std::optional<DeviceMesh> default_mesh_;
@@ -437,6 +445,8 @@ class ReshardingPass {
 
 }  // namespace
 
-ReshardedFusion insertResharding(const Fusion& fusion) { return ReshardingPass(fusion).run(); }
+ReshardedFusion insertResharding(const Fusion& fusion, const BoundShapes& bound) {
+  return ReshardingPass(fusion, bound).run();
+}
 
 }  // namespace meshfuse

@@ -4,6 +4,7 @@
 // those sets are the resharding exprs that HostIrLower turns into communications.
 #pragma once
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "ir/ir.h"
@@ -19,9 +20,14 @@ struct ReshardedFusion {
 // Whether any TensorView of `fusion` has a device mesh.
 bool isMultiDevice(const Fusion& fusion);
 
+// The global extents of a fusion's tensors once execute's inputs bind its symbolic (-1) extents
+// (host_ir/lower.h's bindShapes computes them; the same type as its GlobalShapes).
+using BoundShapes = std::unordered_map<const Val*, std::vector<int64_t>>;
+
 // Propagates shardings to unannotated tensors and inserts resharding sets. Throws UserError for
-// shardings that cannot be reconciled, naming both tensors and their shardings.
-ReshardedFusion insertResharding(const Fusion& fusion);
+// shardings that cannot be reconciled, naming both tensors and their shardings. `bound` gives the
+// extents behind symbolic ones (a -1 bound to 1 broadcasts); tensors it lacks use their definition.
+ReshardedFusion insertResharding(const Fusion& fusion, const BoundShapes& bound = {});
 
 // A set whose input and output differ in mesh or sharding.
 bool isResharding(const Expr* e);

@@ -7,7 +7,9 @@
 //    neighbouring outputs is accumulated together with one vectorizable loop per reduced element.
 // When there are too few outputs to occupy every thread, the reduced range is split into chunks
 // whose partial results are combined afterwards.
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -119,7 +121,11 @@ A reduceRange(const S* base, const StridedSpace& red, int64_t begin, int64_t end
 }
 
 int64_t chunksFor(int64_t tasks, int64_t reduce_len) {
+#ifdef _OPENMP
   const int64_t threads = omp_get_max_threads();
+#else
+  const int64_t threads = 1;  // built without OpenMP (MESHFUSE_OPENMP=OFF)
+#endif
   if (tasks >= 4 * threads) return 1;
   const int64_t wanted = (4 * threads + tasks - 1) / tasks;
   return std::max<int64_t>(1, std::min(wanted, reduce_len / kMinChunk));

@@ -152,84 +152,128 @@ class FusionFuzzer {
 
   void push(TensorView* tv, std::vector<int64_t> shape) { pool_.push_back({tv, std::move(shape)}); }
 
-  // One random valid op appended to the fusion.
+  // The ops a step draws from. To add an op, write an emitter (it appends the op to an operand
+  // and pushes the result with its global shape; it may make new inputs), add a row (its relative
+  // weight and, when it does not take every operand, the condition on the operand), and teach
+  // ReferenceEvaluator (fuzz_reference.h) the op.
+  using Emit = void (FusionFuzzer::*)(const Node&);
+  struct OpGen {
+    const char* name;
+    double weight;
+    bool (*applies)(const Node&);  // null: any operand
+    Emit emit;
+  };
+  static const std::vector<OpGen>& opTable() {
+    static const std::vector<OpGen> table = {
+        {"unary", 0.25, nullptr, &FusionFuzzer::emitUnary},
+        {"binary", 0.30, nullptr, &FusionFuzzer::emitBinary},
+        {"cast", 0.08, nullptr, &FusionFuzzer::emitCast},
+        {"reduction", 0.12, nullptr, &FusionFuzzer::emitReduction},
+        {"broadcast_in_dim", 0.08, [](const Node& a) { return a.shape.size() < 3; }, &FusionFuzzer::emitBroadcastInDim},
+        {"permute", 0.08, [](const Node& a) { return a.shape.size() >= 2; }, &FusionFuzzer::emitPermute},
+        {"reshape", 0.04, nullptr, &FusionFuzzer::emitReshape},
+        {"linear", 0.05, [](const Node& a) { return a.shape.size() == 2 && isFloatingPoint(a.tv->dtype()); },
+         &FusionFuzzer::emitLinear},
+    };
+    return table;
+  }
+
+  // One random valid op appended to the fusion: a row of opTable() that takes a random operand,
+  // drawn by weight.
   void step() {
-    const double r = std::uniform_real_distribution<double>(0, 1)(gen_);
     const Node a = any();
-    const int64_t rank = static_cast<int64_t>(a.shape.size());
-    if (r < 0.25) {
-      const OpType ops[] = {OpType::Neg, OpType::Abs, OpType::Relu, OpType::Sigmoid, OpType::Tanh};
-      push(ops::unary(ops[pick(5)], a.tv), a.shape);
-    } else if (r < 0.55) {
-      const OpType ops[] = {OpType::Add, OpType::Sub, OpType::Mul, OpType::Max, OpType::Min};
-      const OpType op = ops[pick(5)];
-      if (chance(0.2)) {  // an integral constant, exact in every dtype
-        push(ops::binary(op, a.tv, case_.fusion->newScalar(DataType::Double, static_cast<double>(pick(5)) - 2)),
-             a.shape);
+    std::vector<const OpGen*> usable;
+    std::vector<double> weights;
+    for (const OpGen& op : opTable())
+      if (op.applies == nullptr || op.applies(a)) {
+        usable.push_back(&op);
+        weights.push_back(op.weight);
+      }
+    const size_t k = std::discrete_distribution<size_t>(weights.begin(), weights.end())(gen_);
+    (this->*usable[k]->emit)(a);
+  }
+
+  void emitUnary(const Node& a) {
+    const OpType ops[] = {OpType::Neg, OpType::Abs, OpType::Relu, OpType::Sigmoid, OpType::Tanh};
+    push(ops::unary(ops[pick(5)], a.tv), a.shape);
+  }
+
+  void emitBinary(const Node& a) {
+    const OpType ops[] = {OpType::Add, OpType::Sub, OpType::Mul, OpType::Max, OpType::Min};
+    const OpType op = ops[pick(5)];
+    if (chance(0.2)) {  // an integral constant, exact in every dtype
+      push(ops::binary(op, a.tv, case_.fusion->newScalar(DataType::Double, static_cast<double>(pick(5)) - 2)), a.shape);
+      return;
+    }
+    for (int tries = 0; tries < 8; ++tries) {
+      const Node b = any();
+      if (broadcasts(a.shape, b.shape)) {
+        push(ops::binary(op, a.tv, b.tv), broadcastShape(a.shape, b.shape));
         return;
       }
-      for (int tries = 0; tries < 8; ++tries) {
-        const Node b = any();
-        if (broadcasts(a.shape, b.shape)) {
-          push(ops::binary(op, a.tv, b.tv), broadcastShape(a.shape, b.shape));
-          return;
-        }
-      }
-      std::vector<int64_t> b_shape = a.shape;  // a compatible new input: some extents become 1
-      for (int64_t& e : b_shape) e = chance(0.3) ? 1 : e;
-      if (b_shape.size() > 1 && chance(0.3)) b_shape.erase(b_shape.begin());
-      TensorView* b = newInput(b_shape, randomDtype(), chance(0.2));
-      const bool swap = chance(0.5);  // either order; the result has a's shape as b broadcasts to it
-      push(ops::binary(op, swap ? b : a.tv, swap ? a.tv : b), a.shape);
-    } else if (r < 0.63) {
-      const DataType to[] = {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16};
-      push(ops::cast(a.tv, to[pick(4)]), a.shape);
-    } else if (r < 0.75) {
-      int64_t axis = static_cast<int64_t>(pick(a.shape.size()));
-      bool keepdim = chance(0.5);
-      std::vector<int64_t> shape;
-      for (int64_t d = 0; d < rank; ++d)
-        if (d != axis)
-          shape.push_back(a.shape[d]);
-        else if (keepdim)
-          shape.push_back(1);
-      if (shape.empty()) keepdim = true, shape = {1};  // keep results at rank >= 1
-      push(ops::reduction(chance(0.6) ? OpType::Sum : OpType::ReduceMax, a.tv, {chance(0.3) ? axis - rank : axis},
-                          keepdim),
-           shape);
-    } else if (r < 0.83 && rank < 3) {
-      const int64_t at = static_cast<int64_t>(pick(a.shape.size() + 1));
-      std::vector<int64_t> shape = a.shape, dims;
-      shape.insert(shape.begin() + at, randomExtent());
-      for (int64_t d = 0; d <= rank; ++d)
-        if (d != at) dims.push_back(d);
-      for (size_t i = 0; i < a.shape.size(); ++i)  // size-1 axes may also expand
-        if (a.shape[i] == 1 && chance(0.3)) shape[static_cast<size_t>(dims[i])] = randomExtent();
-      push(ops::broadcastInDim(a.tv, shape, dims), shape);
-    } else if (r < 0.91 && rank >= 2) {
-      std::vector<int64_t> perm(static_cast<size_t>(rank));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), gen_);
-      std::vector<int64_t> shape;
-      for (int64_t d : perm) shape.push_back(a.shape[static_cast<size_t>(d)]);
-      push(ops::permute(a.tv, perm), shape);
-    } else if (r < 0.95 && n_ == 1) {
-      // Reshape only on one device: with a real split, the resharding pass maps reshape's leading
-      // axis to the output's without checking that both leading extents divide by the mesh size,
-      // and the CPU view then fails with std::invalid_argument (reported; see the DISABLED_ test in
-      // tests/cpp/mp/test_fuzz_multidevice.cpp).
-      const int64_t n = numelOf(a.shape);
-      std::vector<int64_t> shape = n % 2 == 0 && chance(0.5) ? std::vector<int64_t>{2, n / 2} : std::vector<int64_t>{n};
-      std::vector<int64_t> target = shape;
-      if (chance(0.3)) target.back() = -1;
-      push(ops::reshape(a.tv, target), shape);
-    } else if (rank == 2 && isFloat(a.tv->dtype())) {
-      const int64_t k = a.shape[1], out = randomExtent();
-      TensorView* w = newInput({out, k}, a.tv->dtype(), false);
-      push(ops::linear(a.tv, w), {a.shape[0], out});
-    } else {
-      push(ops::unary(OpType::Neg, a.tv), a.shape);
     }
+    std::vector<int64_t> b_shape = a.shape;  // a compatible new input: some extents become 1
+    for (int64_t& e : b_shape) e = chance(0.3) ? 1 : e;
+    if (b_shape.size() > 1 && chance(0.3)) b_shape.erase(b_shape.begin());
+    TensorView* b = newInput(b_shape, randomDtype(), chance(0.2));
+    const bool swap = chance(0.5);  // either order; the result has a's shape as b broadcasts to it
+    push(ops::binary(op, swap ? b : a.tv, swap ? a.tv : b), a.shape);
+  }
+
+  void emitCast(const Node& a) {
+    const DataType to[] = {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16};
+    push(ops::cast(a.tv, to[pick(4)]), a.shape);
+  }
+
+  void emitReduction(const Node& a) {
+    const int64_t rank = static_cast<int64_t>(a.shape.size());
+    int64_t axis = static_cast<int64_t>(pick(a.shape.size()));
+    bool keepdim = chance(0.5);
+    std::vector<int64_t> shape;
+    for (int64_t d = 0; d < rank; ++d)
+      if (d != axis)
+        shape.push_back(a.shape[d]);
+      else if (keepdim)
+        shape.push_back(1);
+    if (shape.empty()) keepdim = true, shape = {1};  // keep results at rank >= 1
+    push(ops::reduction(chance(0.6) ? OpType::Sum : OpType::ReduceMax, a.tv, {chance(0.3) ? axis - rank : axis},
+                        keepdim),
+         shape);
+  }
+
+  void emitBroadcastInDim(const Node& a) {
+    const int64_t rank = static_cast<int64_t>(a.shape.size());
+    const int64_t at = static_cast<int64_t>(pick(a.shape.size() + 1));
+    std::vector<int64_t> shape = a.shape, dims;
+    shape.insert(shape.begin() + at, randomExtent());
+    for (int64_t d = 0; d <= rank; ++d)
+      if (d != at) dims.push_back(d);
+    for (size_t i = 0; i < a.shape.size(); ++i)  // size-1 axes may also expand
+      if (a.shape[i] == 1 && chance(0.3)) shape[static_cast<size_t>(dims[i])] = randomExtent();
+    push(ops::broadcastInDim(a.tv, shape, dims), shape);
+  }
+
+  void emitPermute(const Node& a) {
+    std::vector<int64_t> perm(a.shape.size());
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), gen_);
+    std::vector<int64_t> shape;
+    for (int64_t d : perm) shape.push_back(a.shape[static_cast<size_t>(d)]);
+    push(ops::permute(a.tv, perm), shape);
+  }
+
+  void emitReshape(const Node& a) {
+    const int64_t n = numelOf(a.shape);
+    std::vector<int64_t> shape = n % 2 == 0 && chance(0.5) ? std::vector<int64_t>{2, n / 2} : std::vector<int64_t>{n};
+    std::vector<int64_t> target = shape;
+    if (chance(0.3)) target.back() = -1;
+    push(ops::reshape(a.tv, target), shape);
+  }
+
+  void emitLinear(const Node& a) {
+    const int64_t k = a.shape[1], out = randomExtent();
+    TensorView* w = newInput({out, k}, a.tv->dtype(), false);
+    push(ops::linear(a.tv, w), {a.shape[0], out});
   }
 
   // Mutations of the definition; each must raise UserError (at definition or at execute).

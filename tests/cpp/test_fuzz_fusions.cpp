@@ -27,7 +27,7 @@ TEST(FuzzFusions, TenThousandRandomCasesMatchTheReferenceOrRaiseUserError) {
   std::printf("[ fuzz: %d matched the reference, %d raised UserError (mutated), %d failed ]\n", matched, raised,
               failed);
   EXPECT_EQ(failed, 0);
-  EXPECT_GT(matched, static_cast<int>(cases) / 2) << "most cases are valid and must run";
+  if (cases >= 100) EXPECT_GT(matched, static_cast<int>(cases) / 2) << "most cases are valid and must run";
 }
 
 }  // namespace

@@ -134,5 +134,39 @@ TEST(ProgramConsistency, ExecuteWithDifferentDefinitionsRaisesOnEveryRankThenRec
   EXPECT_EQ(fec.numCachedPrograms(), 1u);
 }
 
+// Lowering fails on the last rank only (its output is on a [1, n] mesh, which the resharding
+// pass cannot reach from the inputs' [n] mesh): that rank joins the consistency check with its error, so every other
+// rank raises at once, naming it and its error, instead of waiting out MESHFUSE_TIMEOUT (60 s in CI).
+TEST(ProgramConsistency, LoweringFailureOnOneRankRaisesOnEveryRankAtOnce) {
+  Communicator& comm = Communicator::instance();
+  const int64_t n = comm.size(), rank = comm.rank(), last = n - 1;
+  auto f = gatherFusion(n, OpType::Relu);
+  if (rank == last) {
+    auto* y = static_cast<TensorView*>(f->outputs()[0]);
+    y->setDeviceMesh(DeviceMesh(worldTeam(), {1, n}));
+  }
+  Tensor full = randomTensor({2 * n, 5}, 73);
+  Tensor mine = shardOf(full, 0, n, rank);
+  FusionExecutorCache fec(f);
+  comm.barrier();
+  const auto start = std::chrono::steady_clock::now();
+  std::string error = raisedOnThisRank([&] { fec.execute({mine}); });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0) << "rank " << rank << " waited for the failing rank";
+  if (rank == 0)
+    std::printf("[ lowering failure on rank %lld: rank 0 raised after %.3f s ]\n", (long long)last, seconds);
+  if (rank == last) {
+    EXPECT_NE(error.find("cannot move"), std::string::npos) << "the failing rank raises its own error: " << error;
+  } else {
+    EXPECT_NE(error.find("rank " + std::to_string(last) + " failed while lowering this fusion"), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("rank " + std::to_string(last) + ": "), std::string::npos) << error;
+  }
+  EXPECT_EQ(fec.numCachedPrograms(), 0u);
+  // Nothing was left pending: the world still executes.
+  FusionExecutorCache ok(gatherFusion(n, OpType::Set));
+  expectClose(ok.execute({mine})[0], full, 0, "allgather after a lowering failure on one rank");
+}
+
 }  // namespace
 }  // namespace meshfuse

@@ -3,6 +3,7 @@ a thousand cached executes keep resident memory and meshfuse's live CPU bytes fl
 and ranks whose definitions differ all get a ValueError naming the differing rank and line (the
 consistency check of a new program), after which the world still executes correctly."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -19,15 +20,16 @@ def _resident_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _gather_relu(negate=False):
-    """x [2*WORLD, 3] sharded on axis 0; out = relu(x) (or -x) replicated: an allgather."""
+def _gather_relu(negate=False, output_mesh=None):
+    """x [2*WORLD, 3] sharded on axis 0; out = relu(x) (or -x) replicated: an allgather (on
+    `output_mesh` when given)."""
     with FusionDefinition() as fd:
         x = fd.define_tensor(shape=[2 * WORLD, 3], dtype=DataType.Float)
         y = fd.ops.neg(x) if negate else fd.ops.relu(x)
         fd.add_output(y)
         mesh = DeviceMesh(range(WORLD))
         x.set_device_mesh(mesh)
-        y.set_device_mesh(mesh)
+        y.set_device_mesh(mesh if output_mesh is None else output_mesh)
         x.outer_split(0, WORLD)
         x.axis(0).parallelize(ParallelType.mesh_x)
     return fd
@@ -65,5 +67,27 @@ def test_different_definitions_raise_on_every_rank_then_the_world_recovers():
     assert "lowered different programs" in message
     assert f"rank {last} differs from rank 0" in message
     assert "the first difference is line" in message
+    (out,) = _gather_relu().execute([MINE])  # nothing was left pending
+    np.testing.assert_allclose(np.asarray(out), np.maximum(FULL, 0), rtol=1e-6)
+
+
+@pytest.mark.skipif(WORLD < 2, reason="needs two or more ranks")
+def test_lowering_failure_on_one_rank_raises_on_every_rank_at_once():
+    """The last rank's output sits on a [1, WORLD] mesh the inputs' mesh cannot reach, so only its
+    lowering fails: it joins the consistency check with its error, and every rank raises at once
+    (not after MESHFUSE_TIMEOUT) with a ValueError naming it."""
+    last = WORLD - 1
+    fd = _gather_relu(output_mesh=DeviceMesh(list(range(WORLD)), [1, WORLD]) if RANK == last else None)
+    start = time.monotonic()
+    with pytest.raises(ValueError) as info:
+        fd.execute([MINE])
+    elapsed = time.monotonic() - start
+    message = str(info.value)
+    if RANK == last:
+        assert "cannot move" in message
+    else:
+        assert f"rank {last} failed while lowering this fusion" in message
+        assert "cannot move" in message, "the failing rank's error is shown"
+    assert elapsed < 5, f"rank {RANK} waited {elapsed:.1f} s for the failing rank"
     (out,) = _gather_relu().execute([MINE])  # nothing was left pending
     np.testing.assert_allclose(np.asarray(out), np.maximum(FULL, 0), rtol=1e-6)
