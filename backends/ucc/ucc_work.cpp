@@ -21,9 +21,7 @@ struct Abandoned {
 
 UccWork::UccWork(OpLabel label) : label_(label) { Context::instance().started(); }
 
-UccWork::~UccWork() {
-  if (!finished_) abandon();
-}
+UccWork::~UccWork() { abandon(); }
 
 void UccWork::post(ucc_team_h team, ucc_coll_args_t& args) {
   ucc_coll_req_h request = nullptr;
@@ -39,6 +37,7 @@ void UccWork::post(ucc_team_h team, ucc_coll_args_t& args) {
 
 bool UccWork::test() {
   if (finished_) return true;
+  if (abandoned_) return false;
   Context::instance().progress();
   for (ucc_coll_req_h& request : requests_) {
     if (!request) continue;
@@ -61,6 +60,7 @@ bool UccWork::test() {
 
 void UccWork::wait(std::chrono::milliseconds timeout) {
   if (test()) return;  // a small operation is often done already: no clock reads
+  if (abandoned_) throw CommunicationTimeout(label_.toString() + ": abandoned after an earlier timeout or error");
   const auto start = std::chrono::steady_clock::now();
   if (pollUntil([&] { return test(); }, start + timeout)) return;
   char waited[32];
@@ -80,10 +80,10 @@ void UccWork::finish() {
 }
 
 void UccWork::abandon() {
-  if (finished_) return;
+  if (finished_ || abandoned_) return;
   new Abandoned{std::move(requests_), std::move(buffers), std::move(copies_back)};  // never freed
   requests_.clear();
-  finished_ = true;
+  abandoned_ = true;
   Context::instance().finished();
 }
 

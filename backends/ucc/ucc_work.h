@@ -41,6 +41,7 @@ class UccWork final : public Work {
   OpLabel label_;
   std::vector<ucc_coll_req_h> requests_;  // null once completed and finalized
   bool finished_ = false;
+  bool abandoned_ = false;  // timed out (or failed): never done, every later wait fails at once
 };
 
 }  // namespace meshfuse::ucc
