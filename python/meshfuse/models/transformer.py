@@ -51,6 +51,13 @@ class TransformerConfig:
     dropout_p: float = 0.1
     eps: float = 1e-5
     causal: bool = True
+    # Dropout inside attention (sdpfa's); None: dropout_p. Tests set 0 to compare with a reference
+    # that has no access to the attention kernel's mask.
+    attention_dropout_p: float = None
+
+    @property
+    def sdpa_dropout_p(self):
+        return self.dropout_p if self.attention_dropout_p is None else self.attention_dropout_p
 
     @property
     def head_dim(self):
@@ -135,7 +142,7 @@ def define_forward(fd, cfg):
     tv["qkv"] = fd.ops.linear(_to_dtype(fd, ln0, cfg.dtype), tv["qkv_weight"], tv["qkv_bias"])
     q, k, v = _split_heads(fd, tv["qkv"], cfg)
     (tv["sdpa_out"], tv["sdpa_lse"], tv["sdpa_seed"],
-     tv["sdpa_offset"]) = fd.ops.sdpfa_fwd(q, k, v, dropout_p=cfg.dropout_p, is_causal=cfg.causal)
+     tv["sdpa_offset"]) = fd.ops.sdpfa_fwd(q, k, v, dropout_p=cfg.sdpa_dropout_p, is_causal=cfg.causal)
     tv["attn_out"] = fd.ops.linear(_merge_heads(fd, tv["sdpa_out"], cfg), tv["out_weight"], tv["out_bias"])
     tv["attn_dropout_mask"] = _dropout_mask(fd, cfg)
     h1 = fd.ops.add(x32, _apply_dropout(fd, _to_float(fd, tv["attn_out"]), tv["attn_dropout_mask"], cfg))
@@ -219,7 +226,7 @@ def define_backward(fd, cfg):
                                                                                 cfg)
     dsdpa = fd.ops.permute(fd.ops.reshape(dmerged, [b, s, h, dh]), [0, 2, 1, 3])
     q, k, v = _split_heads(fd, tv["qkv"], cfg)
-    dq, dk, dv = fd.ops.sdpfa_bwd(dsdpa, q, k, v, tv["sdpa_out"], tv["sdpa_lse"], cfg.dropout_p, cfg.causal,
+    dq, dk, dv = fd.ops.sdpfa_bwd(dsdpa, q, k, v, tv["sdpa_out"], tv["sdpa_lse"], cfg.sdpa_dropout_p, cfg.causal,
                                   tv["sdpa_seed"], tv["sdpa_offset"])
     # Concatenate per head before merging heads, so that the cat cuts no sharded axis.
     dqkv = fd.ops.reshape(fd.ops.cat([fd.ops.permute(t, [0, 2, 1, 3]) for t in (dq, dk, dv)], 3), [b, s, 3 * e])
