@@ -201,7 +201,8 @@ def define_backward(fd, cfg):
              "fc1_out": ([b, s, 4 * e], dt), "mlp_dropout_mask": ([b, s, e], DataType.Bool)}
     for name, (shape, dtype) in saved.items():
         tv[name] = fd.define_tensor(shape, dtype)
-    tv["sdpa_seed"], tv["sdpa_offset"] = fd.define_sdpa_rng_inputs()
+    # sdpfa_fwd's Philox seed and offset: 0-dim Int tensors, replicated.
+    tv["sdpa_seed"], tv["sdpa_offset"] = fd.define_tensor([], DataType.Int), fd.define_tensor([], DataType.Int)
 
     grad = {}
     dout = _to_float(fd, tv["grad_out"])
