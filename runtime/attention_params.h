@@ -3,6 +3,10 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "runtime/segment.h"
 
 namespace meshfuse {
 
@@ -29,5 +33,13 @@ struct AttentionParams {
 inline double resolveScale(double scale, int64_t head_dim) {
   return std::isnan(scale) ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : scale;
 }
+
+// The parameters of attention expr `e` (sdpfa_fwd or sdpfa_bwd) at local shapes q, k, v, its
+// scalar operands read through `scalar`, and the global block of its first output (nullptr: not
+// sharded). The forward's seed/offset come from its scalars; the backward's (tensors) are left to
+// the caller.
+AttentionParams attentionParams(const Expr& e, const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+                                const std::vector<int64_t>& v, const std::function<double(const Val*)>& scalar,
+                                const GlobalBlock* block);
 
 }  // namespace meshfuse

@@ -36,26 +36,11 @@ void forEachHead(int64_t n, F&& f) {
 }
 
 AttentionParams paramsOf(const Segment& seg, const Expr& e, const ValueMap& values, const Tensor& q, const Tensor& k,
-                         const Tensor& v, size_t dropout_at, size_t causal_at, size_t scale_at) {
-  AttentionParams p;
-  p.batch = q.size(0);
-  p.heads = q.size(1);
-  p.seq_q = q.size(2);
-  p.seq_kv = k.size(2);
-  p.head_dim = q.size(3);
-  p.head_dim_v = v.size(3);
-  p.dropout_p = values.scalar(e.input(dropout_at));
-  if (!(p.dropout_p >= 0 && p.dropout_p < 1))
-    throw UserError(toString(e.op()) + ": dropout_p must be in [0, 1), got " + std::to_string(p.dropout_p));
-  p.causal = values.scalar(e.input(causal_at)) != 0;
-  p.scale = resolveScale(values.scalar(e.input(scale_at)), p.head_dim);
-  p.global_heads = p.heads;
-  if (auto it = seg.global_blocks.find(e.out()); it != seg.global_blocks.end()) {
-    p.batch_offset = it->second.offsets[0];
-    p.head_offset = it->second.offsets[1];
-    p.global_heads = it->second.global_shape[1];
-  }
-  return p;
+                         const Tensor& v) {
+  auto block = seg.global_blocks.find(e.out());
+  return attentionParams(
+      e, q.shape(), k.shape(), v.shape(), [&](const Val* s) { return values.scalar(s); },
+      block == seg.global_blocks.end() ? nullptr : &block->second);
 }
 
 Tensor scalarTensor(int64_t value) {
@@ -76,9 +61,7 @@ void runForward(const Segment& seg, const Expr& e, ValueMap& values, const Shape
   const Tensor q = asContiguous(inputTensor(values, shapes, e.input(kQ)), ct);
   const Tensor k = asContiguous(inputTensor(values, shapes, e.input(kK)), ct);
   const Tensor v = asContiguous(inputTensor(values, shapes, e.input(kV)), ct);
-  AttentionParams p = paramsOf(seg, e, values, q, k, v, kDropoutP, kIsCausal, kScale);
-  p.seed = static_cast<uint64_t>(values.scalar(e.input(kSeed)));
-  p.offset = static_cast<uint64_t>(values.scalar(e.input(kOffset)));
+  const AttentionParams p = paramsOf(seg, e, values, q, k, v);
   Tensor out = Tensor::empty({p.batch, p.heads, p.seq_q, p.head_dim_v}, ct);
   Tensor lse = Tensor::empty({p.batch, p.heads, p.seq_q}, ct);
   const T *qd = q.dataAs<T>(), *kd = k.dataAs<T>(), *vd = v.dataAs<T>();
@@ -111,7 +94,7 @@ void runBackward(const Segment& seg, const Expr& e, ValueMap& values, const Shap
   const DataType ct = std::is_same_v<T, double> ? DataType::Double : DataType::Float;
   auto in = [&](size_t i) { return asContiguous(inputTensor(values, shapes, e.input(i)), ct); };
   const Tensor grad_out = in(kBwdGradOut), q = in(kBwdQ), k = in(kBwdK), v = in(kBwdV), out = in(kBwdOut);
-  AttentionParams p = paramsOf(seg, e, values, q, k, v, kBwdDropoutP, kBwdIsCausal, kBwdScale);
+  AttentionParams p = paramsOf(seg, e, values, q, k, v);
   p.seed = static_cast<uint64_t>(
       scalarOf(inputTensor(values, shapes, e.input(kBwdSeed)).contiguous(), e.input(kBwdSeed), e.op()));
   p.offset = static_cast<uint64_t>(
