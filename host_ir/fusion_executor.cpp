@@ -91,8 +91,10 @@ void bindFreshRandomState(const Fusion& lowered, ValueMap& values) {
   }();
   for (const auto& e : lowered.exprs()) {
     if (!e->attrs().fresh_rng) continue;
-    values.scalars[e->input(2)] = static_cast<double>(seed);
-    values.scalars[e->input(3)] = static_cast<double>(next_offset.fetch_add(1));
+    // The pair is the expr's last two operands (uniform/normal, sdpfa_fwd).
+    const size_t n = e->inputs().size();
+    values.scalars[e->input(n - 2)] = static_cast<double>(seed);
+    values.scalars[e->input(n - 1)] = static_cast<double>(next_offset.fetch_add(1));
   }
 }
 

@@ -25,7 +25,8 @@ GlobalShapes bindShapes(const Fusion& fusion, const GlobalShapes& input_shapes) 
       if (it == shapes.end()) throw std::logic_error("bindShapes: " + v->name() + " has no shape");
       in.push_back(it->second);
     }
-    shapes[e->out()] = inferShape(e->op(), e->attrs(), e->inputs(), in);
+    std::vector<std::vector<int64_t>> outs = inferShapes(e.get(), in);
+    for (size_t i = 0; i < outs.size(); ++i) shapes[e->outputs()[i]] = std::move(outs[i]);
   }
   for (const auto& v : fusion.vals())
     if (v->isTensor() && shapes.count(v.get()))
@@ -38,6 +39,7 @@ Segment::Kind kindOf(OpType op) {
   if (isPointwise(op)) return Segment::Kind::Pointwise;
   if (isReduction(op)) return Segment::Kind::Reduction;
   if (op == OpType::Matmul || op == OpType::Linear) return Segment::Kind::Matmul;
+  if (isAttention(op)) return Segment::Kind::Attention;
   return Segment::Kind::View;
 }
 
@@ -234,12 +236,14 @@ void HostIrLower::lowerNormalization(const std::vector<const Expr*>& exprs) {
   open_pointwise_ = -1;
 }
 
-// A sharded uniform()/normal() generates its block of the global tensor: record the block.
+// A sharded uniform()/normal() generates its block of the global tensor: record the block (and so
+// does sharded attention, for its dropout mask).
 void HostIrLower::recordRandomBlocks(const GlobalShapes& shapes) {
   for (Segment& seg : hic_->segments) {
     for (const Expr* e : seg.exprs) {
       const TensorView* out = e->out();
-      if (!isRandom(e->op()) || !out->isSharded() || !out->hasDeviceMesh()) continue;
+      // Attention records its first output's block: its dropout mask is indexed by global (batch, head).
+      if (!(isRandom(e->op()) || isAttention(e->op())) || !out->isSharded() || !out->hasDeviceMesh()) continue;
       GlobalBlock block;
       block.global_shape = shapes.at(out);
       block.offsets.assign(block.global_shape.size(), 0);
@@ -414,17 +418,19 @@ void HostIrLower::lowerResharding(const Expr* e) {
 void HostIrLower::finishSegments(const Fusion& fusion) {
   for (Segment& seg : hic_->segments) {
     std::unordered_set<const Val*> produced;
-    for (const Expr* e : seg.exprs) produced.insert(e->out());
+    for (const Expr* e : seg.exprs) produced.insert(e->outputs().begin(), e->outputs().end());
     std::unordered_set<const Val*> seen;
     for (const Expr* e : seg.exprs)
       for (Val* v : e->inputs())
         if (!produced.count(v) && seen.insert(v).second) seg.inputs.push_back(v);
     for (const Expr* e : seg.exprs) {
-      TensorView* out = e->out();
-      bool used_outside = fusion.isOutput(out);
-      for (const Expr* use : out->uses())
-        if (std::find(seg.exprs.begin(), seg.exprs.end(), use) == seg.exprs.end()) used_outside = true;
-      if (used_outside) seg.outputs.push_back(out);
+      for (Val* v : e->outputs()) {  // every result of a multi-output expr (attention)
+        auto* out = static_cast<TensorView*>(v);
+        bool used_outside = fusion.isOutput(out);
+        for (const Expr* use : out->uses())
+          if (std::find(seg.exprs.begin(), seg.exprs.end(), use) == seg.exprs.end()) used_outside = true;
+        if (used_outside) seg.outputs.push_back(out);
+      }
     }
   }
 }

@@ -169,6 +169,8 @@ std::string toString(OpType op) {
     case OpType::Slice: return "slice";
     case OpType::Cat: return "cat";
     case OpType::StrideOrder: return "stride_order";
+    case OpType::SdpaFwd: return "sdpfa_fwd";
+    case OpType::SdpaBwd: return "sdpfa_bwd";
     case OpType::Matmul: return "matmul";
     case OpType::Linear: return "linear";
   }
@@ -186,6 +188,7 @@ bool isPointwise(OpType op) {
   return isUnary(op) || isBinary(op) || isTernary(op) || isCreation(op) || op == OpType::Cast || op == OpType::Set;
 }
 bool isReduction(OpType op) { return op == OpType::Sum || op == OpType::ReduceMax || op == OpType::Mean; }
+bool isAttention(OpType op) { return op == OpType::SdpaFwd || op == OpType::SdpaBwd; }
 
 TensorView* Expr::out() const { return static_cast<TensorView*>(outputs_.at(0)); }
 

@@ -167,6 +167,9 @@ enum class OpType : uint8_t {
   Slice,        // attrs: axes = starts, shape = ends, strides = steps
   Cat,          // attrs: axes = {dim}
   StrideOrder,  // a copy laid out in memory by attrs.axes (nvFuser's stride_order)
+  // Fused attention (nvFuser's sdpfa_fwd/sdpfa_bwd), exprs of several outputs; operand order in ops/attention.h.
+  SdpaFwd,
+  SdpaBwd,
   Matmul,
   Linear,
 };
@@ -181,6 +184,7 @@ bool isCreation(OpType op);
 bool isRandom(OpType op);     // Uniform, Normal
 bool isPointwise(OpType op);  // unary, binary, ternary, cast, set, creation
 bool isReduction(OpType op);  // sum, max, mean
+bool isAttention(OpType op);  // sdpfa_fwd, sdpfa_bwd
 
 // Operands, results and the attributes an op needs; `axes` holds reduction axes, the permutation,
 // broadcast_in_dim's kept dims or reshape's new shape.

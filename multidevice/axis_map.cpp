@@ -135,6 +135,13 @@ std::vector<int> inputToOutputAxes(const Expr* e, size_t i) {
       for (int64_t a = 0; a < in->ndim(); ++a) m[a] = a == attrs.axes[0] ? kNoAxis : static_cast<int>(a);
       return m;
     }
+    case OpType::SdpaFwd:
+    case OpType::SdpaBwd: {
+      // Batch and heads pass through to the (first) result; the other axes are mixed by the op.
+      std::vector<int> m(in->ndim(), kNoAxis);
+      for (int64_t a = 0; a < std::min<int64_t>(2, in->ndim()); ++a) m[a] = static_cast<int>(a);
+      return m;
+    }
     case OpType::Matmul: return matmulAxes(e, i);
     case OpType::Linear: return linearAxes(e, i);
     default: break;

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "multidevice/axis_map.h"
+#include "ops/attention.h"
 #include "ops/ops.h"
 #include "runtime/tensor.h"
 
@@ -389,10 +390,18 @@ class ReshardingPass {
     std::vector<Val*> inputs;
     for (Val* v : e->inputs()) inputs.push_back(mapped(v));
     const TensorView* orig_out = e->out();
-    if (!default_mesh_) {  // single device: copy as is
-      TensorView* out = out_->newTensor(orig_out->dtype(), orig_out->shape(), orig_out->contiguity());
-      out_->newExpr(e->op(), inputs, {out}, e->attrs());
-      map_[orig_out->id()] = out;
+    if (!default_mesh_) {  // single device: copy as is (every result of a multi-output expr)
+      std::vector<Val*> outs;
+      for (Val* o : e->outputs()) {
+        auto* tv = static_cast<TensorView*>(o);
+        outs.push_back(out_->newTensor(tv->dtype(), tv->shape(), tv->contiguity()));
+        map_[o->id()] = outs.back();
+      }
+      out_->newExpr(e->op(), inputs, outs, e->attrs());
+      return;
+    }
+    if (isAttention(e->op())) {
+      lowerAttention(e, inputs);
       return;
     }
     DeviceMesh mesh;
@@ -430,6 +439,57 @@ class ReshardingPass {
         producer->setLoop(orig_out->loop());
     }
     map_[orig_out->id()] = result;
+  }
+
+  // Attention computes each (batch, head) on its own, so q's batch/head sharding, given to every
+  // operand and result, needs no communication (operands sharded otherwise are resharded to it).
+  // The sequence and head-dim axes cannot be sharded: that would need ring attention.
+  void lowerAttention(const Expr* e, const std::vector<Val*>& inputs) {
+    const std::string op = toString(e->op());
+    auto rejectSequenceSharding = [&](const TensorView* tv, const Sharding& sh) {
+      static const char* names[] = {"batch", "heads", "sequence", "head dim"};
+      for (int d = 0; d < kMeshDims; ++d)
+        if (sh.axis[d] >= 2)
+          throw UserError(op + ": " + tv->name() + " is sharded on axis " + std::to_string(sh.axis[d]) + " (" +
+                          names[std::min(sh.axis[d], 3)] + ") over " + toString(meshParallelType(d)) +
+                          "; attention can shard only batch (axis 0) and heads (axis 1): sequence sharding (ring "
+                          "attention) is not supported");
+    };
+    for (Val* v : e->inputs())
+      if (v->isTensor()) rejectSequenceSharding(static_cast<TensorView*>(v), shardingOf(static_cast<TensorView*>(v)));
+    for (Val* v : e->outputs())
+      rejectSequenceSharding(static_cast<TensorView*>(v), shardingOf(static_cast<TensorView*>(v)));
+
+    const size_t qi = e->op() == OpType::SdpaFwd ? size_t{ops::sdpa::kQ} : size_t{ops::sdpa::kBwdQ};
+    auto* q = static_cast<TensorView*>(inputs[qi]);
+    const DeviceMesh mesh = *q->deviceMesh();
+    Sharding compute;
+    const Sharding qs = shardingOf(q);
+    for (int d = 0; d < kMeshDims; ++d) compute.axis[d] = qs.axis[d] <= 1 ? qs.axis[d] : -1;
+    auto shardingFor = [&](const TensorView* tv) { return tv->ndim() >= 2 ? compute : Sharding{}; };
+    std::vector<Val*> ready;
+    for (Val* v : inputs) {
+      auto* tv = v->isTensor() ? static_cast<TensorView*>(v) : nullptr;
+      ready.push_back(tv ? reshard(tv, mesh, shardingFor(tv)) : v);
+    }
+    std::vector<Val*> results;
+    for (Val* o : e->outputs()) {
+      auto* tv = static_cast<TensorView*>(o);
+      results.push_back(newTv(tv, tv->dtype(), mesh, shardingFor(tv)));
+    }
+    out_->newExpr(e->op(), ready, results, e->attrs());
+    for (size_t i = 0; i < results.size(); ++i) {
+      auto* orig = static_cast<TensorView*>(e->outputs()[i]);
+      auto* result = static_cast<TensorView*>(results[i]);
+      if (orig->hasDeviceMesh()) {  // an annotated result: honoured (one communication at most)
+        const Sharding target = shardingOf(orig);
+        if (target.partial[0] || target.partial[1] || target.partial[2])
+          throw UserError(orig->name() + ": outputs cannot be declared Partial");
+        if (result->deviceMesh() != orig->deviceMesh() || !(shardingOf(result) == target))
+          result = reshard(result, *orig->deviceMesh(), target);
+      }
+      map_[orig->id()] = result;
+    }
   }
 
   const Fusion& original_;

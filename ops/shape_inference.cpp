@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "ops/attention.h"
 #include "runtime/tensor.h"
 
 namespace meshfuse {
@@ -240,6 +241,11 @@ std::vector<int64_t> inferShape(OpType op, const ExprAttributes& attrs, const st
     default: break;
   }
   throw UserError("inferShape: unhandled op " + toString(op));
+}
+
+std::vector<std::vector<int64_t>> inferShapes(const Expr* e, const std::vector<std::vector<int64_t>>& shapes) {
+  if (isAttention(e->op())) return ops::attentionShapes(e->op(), e->inputs(), shapes);
+  return {inferShape(e->op(), e->attrs(), e->inputs(), shapes)};
 }
 
 }  // namespace meshfuse

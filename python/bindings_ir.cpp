@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "ir/ir.h"
+#include "ops/attention.h"
 #include "ops/ops.h"
 #include "python/bindings.h"
 
@@ -256,6 +257,25 @@ void bindOps(py::module_& m) {
         return py::make_tuple(toPython(var), toPython(mean));
       },
       py::arg("x"), py::arg("dims"), py::arg("correction"), py::arg("keepdim"));
+  ops.def(
+      "sdpfa_fwd",
+      [](TensorView* q, TensorView* k, TensorView* v, Val* dropout_p, Val* is_causal, Val* scale) {
+        ops::SdpaFwdResult r = ops::sdpfaFwd(q, k, v, dropout_p, is_causal, scale);
+        return py::make_tuple(toPython(r.out), toPython(r.log_sumexp), toPython(r.philox_seed),
+                              toPython(r.philox_offset));
+      },
+      py::arg("query"), py::arg("key"), py::arg("value"), py::arg("dropout_p") = nullptr,
+      py::arg("is_causal") = nullptr, py::arg("scale") = nullptr);
+  ops.def(
+      "sdpfa_bwd",
+      [](TensorView* grad_out, TensorView* q, TensorView* k, TensorView* v, TensorView* out, TensorView* lse,
+         Val* dropout_p, Val* is_causal, TensorView* seed, TensorView* offset, Val* scale) {
+        auto g = ops::sdpfaBwd(grad_out, q, k, v, out, lse, dropout_p, is_causal, seed, offset, scale);
+        return py::make_tuple(toPython(g[0]), toPython(g[1]), toPython(g[2]));
+      },
+      py::arg("grad_output"), py::arg("query"), py::arg("key"), py::arg("value"), py::arg("output"),
+      py::arg("log_sumexp"), py::arg("dropout_p"), py::arg("is_causal"), py::arg("philox_seed"),
+      py::arg("philox_offset"), py::arg("scale") = nullptr);
   ops.def("cast", owned(&ops::cast), py::arg("x"), py::arg("dtype"));
   ops.def("set", owned(&ops::set), py::arg("x"));
   const std::pair<const char*, OpType> reductions[] = {

@@ -12,6 +12,7 @@ std::string toString(Segment::Kind kind) {
     case Segment::Kind::Normalization: return "normalization";
     case Segment::Kind::Matmul: return "matmul";
     case Segment::Kind::View: return "view";
+    case Segment::Kind::Attention: return "attention";
   }
   return "?";
 }

@@ -20,7 +20,8 @@ struct GlobalBlock {
 struct Segment {
   // Normalization: reductions over the same axes with the pointwise ops that feed them and those
   // that broadcast their results back (LayerNorm, softmax and their backward), run as one kernel.
-  enum class Kind : uint8_t { Pointwise, Reduction, Normalization, Matmul, View };
+  // Attention: one sdpfa_fwd or sdpfa_bwd expr (flash-style CPU kernel, cuDNN on CUDA).
+  enum class Kind : uint8_t { Pointwise, Reduction, Normalization, Matmul, View, Attention };
   Kind kind = Kind::Pointwise;
   std::vector<const Expr*> exprs;    // in topological order
   std::vector<Val*> inputs;          // tensors and scalars produced outside the segment

@@ -184,6 +184,57 @@ class _Ops:
         var, mean = _C.ops.var_mean(x, self._axes(dims), int(correction), bool(keepdim))
         return var, mean
 
+    _FLOATS = (DataType.Float, DataType.Double, DataType.Half, DataType.BFloat16)
+
+    def _attention_tensors(self, op, named):
+        """The tensor operands, checked: TensorViews of this definition, floating point, one dtype."""
+        for what, t in named:
+            self._tensor(t, op, what)
+        first_name, first = named[0]
+        if first.dtype not in self._FLOATS:
+            raise TypeError(f"{op}: {first_name} {first.name} must be floating point, got {first.dtype.name}")
+        for what, t in named[1:]:
+            if t.dtype != first.dtype:
+                raise TypeError(f"{op}: operands must share one dtype: {first_name} {first.name} is "
+                                f"{first.dtype.name} but {what} {t.name} is {t.dtype.name}")
+
+    def _attention_scalars(self, op, dropout_p, is_causal, scale):
+        if dropout_p is not None and is_number(dropout_p):
+            if not 0.0 <= float(dropout_p) < 1.0:
+                raise ValueError(f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
+            dropout_p = self._fd._fusion.new_scalar(DataType.Double, float(dropout_p))
+        if is_causal is not None and is_number(is_causal):
+            is_causal = self._fd._fusion.new_scalar(DataType.Bool, float(bool(is_causal)))
+        if scale is not None and is_number(scale):
+            scale = self._fd._fusion.new_scalar(DataType.Double, float(scale))
+        return tuple(None if x is None else self._scalar(x, op, what)
+                     for x, what in ((dropout_p, "dropout_p"), (is_causal, "is_causal"), (scale, "scale")))
+
+    def sdpfa_fwd(self, query, key, value, dropout_p=None, is_causal=None, scale=None):
+        """Fused attention softmax(q k^T * scale) v (nvFuser's sdpfa_fwd): q [b, h, s_q, d], k [b, h, s_kv, d],
+        v [b, h, s_kv, d_v]. Returns (out [b, h, s_q, d_v], log_sumexp [b, h, s_q] Float, philox_seed,
+        philox_offset), the last two 0-dim Int tensors that make the dropout mask reproducible (the mask
+        keeps element (b, h, i, j) where fd.ops.uniform over [b, h, s_q, s_kv] with that seed and offset
+        is >= dropout_p). Defaults: dropout_p 0, is_causal False (top-left aligned), scale 1/sqrt(d)."""
+        self._attention_tensors("sdpfa_fwd", [("query", query), ("key", key), ("value", value)])
+        dropout_p, is_causal, scale = self._attention_scalars("sdpfa_fwd", dropout_p, is_causal, scale)
+        return _C.ops.sdpfa_fwd(query, key, value, dropout_p, is_causal, scale)
+
+    def sdpfa_bwd(self, grad_output, query, key, value, output, log_sumexp, dropout_p, is_causal, philox_seed,
+                  philox_offset, scale=None):
+        """(grad_query, grad_key, grad_value) of sdpfa_fwd (nvFuser's sdpfa_bwd), from its out, log_sumexp,
+        philox_seed and philox_offset."""
+        op = "sdpfa_bwd"
+        self._attention_tensors(op, [("grad_output", grad_output), ("query", query), ("key", key),
+                                     ("value", value), ("output", output)])
+        for what, t in (("log_sumexp", log_sumexp), ("philox_seed", philox_seed), ("philox_offset", philox_offset)):
+            self._tensor(t, op, what)
+        if log_sumexp.dtype != DataType.Float:
+            raise TypeError(f"{op}: log_sumexp {log_sumexp.name} must be Float, got {log_sumexp.dtype.name}")
+        dropout_p, is_causal, scale = self._attention_scalars(op, dropout_p, is_causal, scale)
+        return _C.ops.sdpfa_bwd(grad_output, query, key, value, output, log_sumexp, dropout_p, is_causal,
+                                philox_seed, philox_offset, scale)
+
     def slice(self, x, start_indices, end_indices, strides=None):
         """x[start:end:stride] on every axis (nvFuser's slice)."""
         x = self._tensor(x, "slice")

@@ -54,6 +54,7 @@ class CpuExecutor final : public SegmentExecutor {
       case Segment::Kind::Normalization: cpu::runNormalization(seg, values, shapes); return;
       case Segment::Kind::Matmul: cpu::runMatmul(seg, values, shapes); return;
       case Segment::Kind::View: cpu::runView(seg, values, shapes); return;
+      case Segment::Kind::Attention: cpu::runAttention(seg, values, shapes); return;
     }
     throw std::logic_error("CPU executor: unknown segment kind");
   }
