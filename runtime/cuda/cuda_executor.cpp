@@ -3,6 +3,7 @@
 // fused, intermediates in registers), reductions a generated reduction kernel, matmul/linear
 // cuBLASLt, views a restride. Everything is enqueued on the device's current stream.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
@@ -163,8 +164,41 @@ class SegmentRun {
       prog.outputs.push_back(operand_of.at(e->out()).index);
       outputs.push_back(allocate(e->out(), computed_shapes_.at(e->out())));
     }
-    cuda::runPointwise(device_, prog, inputs, scalars, outputs);
+    std::vector<cuda::RandomIndex> random;
+    for (const Expr* e : slice)
+      if (isRandom(e->op())) random.push_back(randomIndex(*e, computed_shapes_.at(producers.front()->out())));
+    cuda::runPointwise(device_, prog, inputs, scalars, outputs, random);
     for (size_t i = 0; i < producers.size(); ++i) bind(producers[i]->out(), outputs[i]);
+  }
+
+  // Where a random op's elements sit in its global tensor, over the iteration shape `iter` of the
+  // kernel that computes it (its own shape, or a larger one it is broadcast into).
+  cuda::RandomIndex randomIndex(const Expr& e, const std::vector<int64_t>& iter) {
+    for (size_t k = 2; k < 4; ++k) {  // rng_seed, rng_offset: what the Philox counter and key take
+      const double x = values_.scalar(e.input(k));
+      if (!(x >= 0) || x != std::floor(x) || x > 0x1p63)
+        throw std::invalid_argument(toString(e.op()) + ": " + (k == 2 ? "rng_seed" : "rng_offset") +
+                                    " must be a non-negative integer, got " + std::to_string(x));
+    }
+    const std::vector<int64_t> local = tensorShape(e.out());
+    std::vector<int64_t> global = local, offsets(local.size(), 0);
+    if (auto it = seg_.global_blocks.find(e.out()); it != seg_.global_blocks.end()) {
+      global = it->second.global_shape;
+      offsets = it->second.offsets;
+    }
+    cuda::RandomIndex r;
+    r.identity = local == iter && global == local;
+    if (r.identity) return r;
+    if (local.size() > iter.size() || global.size() != local.size() || offsets.size() != local.size())
+      throw std::logic_error("CUDA executor: the block of " + e.out()->name() + " does not match its shape");
+    const std::vector<int64_t> gstrides = contiguousStrides(global);
+    const size_t lead = iter.size() - local.size();
+    r.strides.assign(iter.size(), 0);
+    for (size_t j = 0; j < local.size(); ++j) {
+      r.base += offsets[j] * gstrides[j];
+      if (!(local[j] == 1 && iter[lead + j] != 1)) r.strides[lead + j] = gstrides[j];
+    }
+    return r;
   }
 
   void runSingle(const Expr& e) {

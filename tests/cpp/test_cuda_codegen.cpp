@@ -21,10 +21,13 @@ using Kind = PointwiseProgram::Operand::Kind;
 
 const std::vector<DataType> kAllTypes = {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16,
                                          DataType::Int,   DataType::Int32,  DataType::Bool};
-const std::vector<OpType> kUnary = {OpType::Neg,  OpType::Abs,     OpType::Exp,  OpType::Log, OpType::Sqrt,
-                                    OpType::Relu, OpType::Sigmoid, OpType::Tanh, OpType::Gelu};
-const std::vector<OpType> kBinary = {OpType::Add, OpType::Sub, OpType::Mul, OpType::Div,
-                                     OpType::Max, OpType::Min, OpType::Pow};
+const std::vector<OpType> kUnary = {OpType::Neg,  OpType::Abs,    OpType::Exp,        OpType::Log,
+                                    OpType::Sqrt, OpType::Relu,   OpType::Sigmoid,    OpType::Tanh,
+                                    OpType::Gelu, OpType::Rsqrt,  OpType::Reciprocal, OpType::Erf,
+                                    OpType::Silu, OpType::Square, OpType::LogicalNot};
+const std::vector<OpType> kBinary = {OpType::Add, OpType::Sub, OpType::Mul, OpType::Div,        OpType::Max,
+                                     OpType::Min, OpType::Pow, OpType::Lt,  OpType::Le,         OpType::Gt,
+                                     OpType::Ge,  OpType::Eq,  OpType::Ne,  OpType::LogicalAnd, OpType::LogicalOr};
 
 // The result type the IR gives `op` on tensors of `dtype` (ops::resultType on a throwaway fusion).
 DataType irResultType(OpType op, DataType dtype, bool with_float_scalar = false) {
@@ -53,6 +56,28 @@ PointwiseProgram allOpsProgram(DataType dtype) {
       irResultType(OpType::Min, dtype, true));
   add(OpType::Max, {input(1, dtype), {Kind::Constant, 0, -INFINITY, DataType::Double}},
       irResultType(OpType::Max, dtype, true));
+  // Comparisons against a number, where on a comparison, full.
+  add(OpType::Lt, {input(0, dtype), {Kind::Constant, 0, 0.1, DataType::Double}}, DataType::Bool);
+  const int cond = static_cast<int>(p.instrs.size()) - 1;
+  add(OpType::Where, {{Kind::Temp, cond, 0, DataType::Bool}, input(0, dtype), input(1, dtype)}, dtype);
+  add(OpType::Where, {{Kind::Temp, cond, 0, DataType::Bool}, input(0, dtype), {Kind::Scalar, 0, 0, DataType::Double}},
+      dtype == DataType::Bool ? DataType::Bool : dtype);
+  add(OpType::Full, {{Kind::Constant, 0, 0.1, DataType::Double}}, dtype);
+  return p;
+}
+
+// uniform and normal of a floating dtype, seeded by a runtime scalar and a constant offset.
+PointwiseProgram randomProgram(DataType dtype) {
+  PointwiseProgram p;
+  p.num_scalars = 1;
+  const PointwiseProgram::Operand seed{Kind::Scalar, 0, 0, DataType::Int}, offset{Kind::Constant, 0, 7, DataType::Int};
+  for (OpType op : {OpType::Uniform, OpType::Normal}) {
+    p.instrs.push_back(
+        {op,
+         {{Kind::Constant, 0, -1, DataType::Double}, {Kind::Constant, 0, 2, DataType::Double}, seed, offset},
+         dtype});
+    p.outputs.push_back(static_cast<int>(p.instrs.size()) - 1);
+  }
   return p;
 }
 
@@ -84,6 +109,28 @@ TEST_P(PointwiseCodegen, EveryOpCompilesInEveryVariant) {
     EXPECT_EQ(src.find("Pack<" + cuda::storageType(GetParam()) + ", " + std::to_string(v.vector_width) + ">") !=
                   std::string::npos,
               v.contiguous && v.vector_width > 1);
+  }
+}
+
+TEST(PointwiseCodegenRandom, UniformAndNormalCompileInEveryVariant) {
+  for (DataType dt : {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16}) {
+    const PointwiseProgram prog = randomProgram(dt);
+    EXPECT_EQ(prog.numRandom(), 2);
+    PointwiseVariant vec;
+    vec.vector_width = 4;
+    PointwiseVariant strided;
+    strided.contiguous = false;
+    strided.ndim = 2;
+    for (const PointwiseVariant& v : {vec, strided}) {
+      SCOPED_TRACE(toString(dt) + " " + v.key());
+      const std::string src = cuda::generatePointwiseSource(prog, v, "rng");
+      EXPECT_NE(src.find(dt == DataType::Double ? "philoxUniformD" : "philoxUniformF"), std::string::npos);
+      EXPECT_NE(src.find("rand_base"), std::string::npos);
+      EXPECT_EQ(src.find("rand_st") != std::string::npos, !v.contiguous);
+      // The parameter block: 1 (no input) + 2 outputs + 1 scalar + n + 2 bases (+ strided arrays).
+      EXPECT_EQ(cuda::pointwiseParamWords(prog, v), v.contiguous ? 7u : 7u + 2u * (1 + 1 + 2 + 2));
+      EXPECT_NO_THROW(compile(src)) << src;
+    }
   }
 }
 
