@@ -1,4 +1,5 @@
-// makeCudaExecutor(): runs a Segment on one GPU. The segment's exprs are taken in order: each
+// makeCudaExecutor(): runs a Segment on one GPU. A normalization segment is one persistent kernel
+// (runtime/cuda/normalization.h) where that scheduler takes it. Otherwise the segment's exprs are taken in order: each
 // maximal run of pointwise exprs becomes ONE generated kernel per output shape (the whole chain
 // fused, intermediates in registers), reductions a generated reduction kernel, matmul/linear
 // cuBLASLt, views a restride. Everything is enqueued on the device's current stream.
@@ -11,6 +12,7 @@
 
 #include "ops/shape_inference.h"
 #include "runtime/cuda/matmul.h"
+#include "runtime/cuda/normalization.h"
 #include "runtime/cuda/pointwise_kernel.h"
 #include "runtime/cuda/reduction.h"
 #include "runtime/cuda/streams.h"
@@ -33,6 +35,7 @@ class SegmentRun {
   }
 
   void execute() {
+    if (seg_.kind == Segment::Kind::Normalization && runFusedNormalization()) return;
     const auto& exprs = seg_.exprs;
     for (size_t i = 0; i < exprs.size();) {
       if (isPointwise(exprs[i]->op())) {
@@ -169,6 +172,24 @@ class SegmentRun {
       if (isRandom(e->op())) random.push_back(randomIndex(*e, computed_shapes_.at(producers.front()->out())));
     cuda::runPointwise(device_, prog, inputs, scalars, outputs, random);
     for (size_t i = 0; i < producers.size(); ++i) bind(producers[i]->out(), outputs[i]);
+  }
+
+  // The whole segment as one normalization kernel (runtime/cuda/normalization.h); false (nothing
+  // run) when the scheduler does not take it, and the exprs then run one by one.
+  bool runFusedNormalization() {
+    std::vector<Tensor> outputs;
+    for (TensorView* out : seg_.outputs) {
+      auto it = shapes_.find(out);
+      if (it == shapes_.end()) return false;
+      outputs.push_back(allocate(out, it->second));
+    }
+    for (const Val* v : seg_.inputs)
+      if (v->isTensor()) tensor(v);  // device, dtype and shape checks
+    auto launch = cuda::prepareNormalization(seg_, shapes_, values_, outputs);
+    if (!launch) return false;
+    cuda::runNormalization(device_, *launch);
+    for (size_t i = 0; i < outputs.size(); ++i) values_.tensors[seg_.outputs[i]] = outputs[i];
+    return true;
   }
 
   // Where a random op's elements sit in its global tensor, over the iteration shape `iter` of the

@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 
+#include "norm_fusions.h"
 #include "ops/ops.h"
 #include "runtime/cuda/allocator.h"
 #include "runtime/cuda/kernel_cache.h"
@@ -356,6 +357,77 @@ TEST(CudaExecutorReduction, SumMaxMeanOverInnerOuterAndAllAxes) {
       }
     }
   }
+}
+
+// LayerNorm, RMSNorm, softmax, log-softmax and LayerNorm backward (dx, dgamma, dbeta) as one
+// normalization segment, against the CPU executor (which accumulates in double): rows of 1, 7,
+// 4097 (no vector width divides it) and 262144 elements (the multi-pass variant).
+TEST(CudaExecutorNormalization, EveryNormMatchesTheCpuAtEveryRowLengthAndDtype) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(31);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{37, 1}, {37, 7}, {9, 4097}, {64, 4096}, {3, 262144}};
+  for (testing_norms::Norm norm : testing_norms::kAllNorms) {
+    for (DataType dt : {DataType::Float, DataType::BFloat16, DataType::Half}) {
+      for (const auto& [rows, row] : shapes) {
+        Case c;
+        c.kind = Segment::Kind::Normalization;
+        auto input = [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+          return c.input(d, std::move(shape), rng, lo, hi);
+        };
+        c.outputs = testing_norms::defineNorm(norm, c.fusion, dt, rows, row, input);
+        c.check(testing_norms::toString(norm) + " " + toString(dt) + " [" + std::to_string(rows) + ", " +
+                    std::to_string(row) + "]",
+                /*loose=*/dt != DataType::Float);
+      }
+    }
+  }
+}
+
+// Inputs that arrive transposed in memory (the row is strided) or as a slice at an odd offset
+// (rows start unaligned): the kernel indexes them per element.
+TEST(CudaExecutorNormalization, NonContiguousInputs) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(32);
+  for (testing_norms::Norm norm : testing_norms::kAllNorms) {
+    for (int layout = 0; layout < 2; ++layout) {
+      Case c;
+      c.kind = Segment::Kind::Normalization;
+      auto input = [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+        return c.input(d, std::move(shape), rng, lo, hi);
+      };
+      c.outputs = testing_norms::defineNorm(norm, c.fusion, DataType::BFloat16, 48, 520, input);
+      c.to_device = [layout](const Tensor& t) {
+        Tensor d = t.to(Device::cuda(0));
+        if (t.shape() != std::vector<int64_t>{48, 520}) return d;
+        if (layout == 0) {
+          Tensor tr = Tensor::empty({520, 48}, t.dtype(), Device::cuda(0));
+          tr.permute({1, 0}).copyFrom(d);
+          return tr.permute({1, 0});
+        }
+        Tensor wide = Tensor::empty({48, 523}, t.dtype(), Device::cuda(0));
+        Tensor view = wide.slice(1, 3, 520);
+        view.copyFrom(d);
+        return view;
+      };
+      c.check(testing_norms::toString(norm) + (layout == 0 ? " transposed" : " sliced"), /*loose=*/true);
+    }
+  }
+}
+
+TEST(CudaExecutorNormalization, RepeatedExecutionCompilesNothing) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(33);
+  Case c;
+  c.kind = Segment::Kind::Normalization;
+  auto input = [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+    return c.input(d, std::move(shape), rng, lo, hi);
+  };
+  c.outputs =
+      testing_norms::defineNorm(testing_norms::Norm::LayerNormBackward, c.fusion, DataType::BFloat16, 256, 1024, input);
+  c.check("first run", true);
+  const int64_t compiled = cuda::kernelCompilations();
+  c.check("cached run", true);
+  EXPECT_EQ(cuda::kernelCompilations(), compiled);
 }
 
 TEST(CudaExecutorMatmul, MatmulShapesAndDtypes) {
