@@ -46,6 +46,10 @@ void describePort(const NormalizationPlan& plan, const std::vector<int64_t>& f, 
   const int rank = static_cast<int>(plan.full_shape.size());
   for (int d = 0; d < rank; ++d)
     if (f[d] != 0) (d < plan.split ? port.has_rows : port.has_columns) = true;
+  // A value that varies along the row is read and written along it even where F's extent (and so
+  // the tensor's stride) is 1: a row of one element.
+  if (isElement(port.varies)) port.has_columns = true;
+  if (port.varies == Varies::PerRow || port.varies == Varies::PerElement) port.has_rows = true;
   int64_t expected = 1;
   bool dense = true;
   for (int d = rank - 1; d >= plan.split; --d) {
@@ -200,7 +204,9 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
   while (v.vec > 1 && !aligned(v.vec)) v.vec /= 2;
 
   int arrays = p.numOuterReductions();
-  for (const auto& port : p.loads) arrays += isElement(port.varies) ? 1 : 0;
+  for (const auto& port : p.loads) arrays += port.varies == Varies::PerElement ? 1 : 0;
+  for (const auto& st : p.steps)  // possibly kept in registers across passes (an upper bound)
+    arrays += st.varies == Varies::PerElement && isExpensiveNormalizationOp(st.op) ? 1 : 0;
   const int budget = p.compute == DataType::Double ? kRegisterBudget / 2 : kRegisterBudget;
   const int per_array = std::max(v.vec, std::min(kMaxValuesPerArray, budget / std::max(1, arrays)) / v.vec * v.vec);
   const int items_max = per_array / v.vec;

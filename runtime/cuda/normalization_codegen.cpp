@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -82,6 +83,25 @@ std::string stepExpression(const Program::Step& s, DataType compute) {
 }
 
 bool isMax(OpType op) { return op == OpType::ReduceMax; }
+
+}  // namespace
+
+bool isExpensiveNormalizationOp(OpType op) {
+  switch (op) {
+    case OpType::Exp:
+    case OpType::Log:
+    case OpType::Tanh:
+    case OpType::Erf:
+    case OpType::Gelu:
+    case OpType::Sigmoid:
+    case OpType::Silu:
+    case OpType::Pow: return true;
+    default: return false;
+  }
+}
+
+namespace {
+bool isExpensive(OpType op) { return isExpensiveNormalizationOp(op); }
 std::string identity(OpType op) { return isMax(op) ? "(-infinity())" : "static_cast<T>(0)"; }
 std::string combine(OpType op, const std::string& a, const std::string& b) {
   return isMax(op) ? "maxNaN(" + a + ", " + b + ")" : "(" + a + " + " + b + ")";
@@ -118,14 +138,9 @@ class Emitter {
     const int outer = p_.numOuterReductions();
     if (outer > 0)
       s_ << "  const i64 slot = static_cast<i64>(blockIdx.x) * TY + ty, parts = static_cast<i64>(gridDim.x) * TY;\n";
-    // Per-column inputs (weights) once per thread for all its rows, and the outer accumulators.
+    // The outer accumulators. Per-column inputs (weights) are read in each pass that needs them (from
+    // L1/L2, where they stay): holding them in registers for all rows halved the occupancy.
     if (persistent) {
-      for (size_t l = 0; l < p_.loads.size(); ++l)
-        if (p_.loads[l].varies == Varies::PerColumn) s_ << "  T X" << l << "[EPT];\n";
-      forEachChunk("  ", true, "true", [&](const std::string& in) {
-        for (size_t l = 0; l < p_.loads.size(); ++l)
-          if (p_.loads[l].varies == Varies::PerColumn) chunkLoad(in, static_cast<int>(l), "0", true);
-      });
       for (int q = 0; q < outer; ++q)
         s_ << "  T O" << q << "[EPT];\n#pragma unroll\n  for (int e = 0; e < EPT; ++e) O" << q
            << "[e] = " << identity(outerStep(q).op) << ";\n";
@@ -164,6 +179,10 @@ class Emitter {
           if (p_.loads[l].varies == Varies::PerElement)
             chunkLoad(ind, static_cast<int>(l), "rl" + std::to_string(l), true);
       });
+    }
+    if (persistent) {
+      chooseCached();
+      for (int t : cached_) s_ << in << "T E" << t << "[EPT];\n";
     }
     rowSteps(in, 0);
     for (int level = 1; level <= levels_; ++level) {
@@ -391,10 +410,12 @@ class Emitter {
         const Varies v = p_.loads[o.index].varies;
         if (v == Varies::Nothing) return "lc" + std::to_string(o.index);
         if (v == Varies::PerRow) return "lr" + std::to_string(o.index);
-        return persistent ? "X" + std::to_string(o.index) + "[it * VEC + k]" : "x" + std::to_string(o.index);
+        return persistent && v == Varies::PerElement ? "X" + std::to_string(o.index) + "[it * VEC + k]"
+                                                     : "x" + std::to_string(o.index);
       }
       case Kind::Temp: {
         const auto& st = p_.steps[o.index];
+        if (cached_.count(o.index)) return "E" + std::to_string(o.index) + "[it * VEC + k]";
         if (st.after || isElement(st.varies)) return "e" + std::to_string(o.index);
         return (st.varies == Varies::Nothing ? "c" : "r") + std::to_string(o.index);
       }
@@ -476,9 +497,11 @@ class Emitter {
 
   void elementStep(const std::string& in, int t, bool persistent) {
     const auto& st = p_.steps[t];
-    s_ << in << "T e" << t << ";\n" << in << "{\n";
+    const std::string name = cached_.count(t) ? "E" + std::to_string(t) + "[it * VEC + k]" : "e" + std::to_string(t);
+    if (!cached_.count(t)) s_ << in << "T " << name << ";\n";
+    s_ << in << "{\n";
     operands(in + "  ", st, persistent);
-    s_ << in << "  e" << t << " = " << stepExpression(st, p_.compute) << ";\n" << in << "}\n";
+    s_ << in << "  " << name << " = " << stepExpression(st, p_.compute) << ";\n" << in << "}\n";
   }
 
   // A loop over this thread's elements of the row computing `targets` (element operands); `use`
@@ -489,8 +512,8 @@ class Emitter {
     std::set<int> steps, loads(extra_loads.begin(), extra_loads.end());
     for (const auto& o : targets) collect(o, steps, loads, false);
     forEachChunk(in, persistent, "row_ok", [&](const std::string& ind) {
-      if (!persistent)
-        for (int l : loads)
+      for (int l : loads)
+        if (!persistent || p_.loads[l].varies == Varies::PerColumn)
           chunkLoad(ind, l, p_.loads[l].varies == Varies::PerColumn ? "0" : "rl" + std::to_string(l), false);
       beforeElements_(ind);
       s_ << ind << "#pragma unroll\n" << ind << "for (int k = 0; k < VEC; ++k) {\n";
@@ -499,9 +522,15 @@ class Emitter {
          << body << "const bool ok = row_ok && j < n;\n"
          << body << "(void)j;\n"
          << body << "(void)ok;\n";
-      if (!persistent)
-        for (int l : loads) s_ << body << "const T x" << l << " = x" << l << "_[k];\n";
-      for (int t : steps) elementStep(body, t, persistent);
+      for (int l : loads)
+        if (!persistent || p_.loads[l].varies == Varies::PerColumn)
+          s_ << body << "const T x" << l << " = x" << l << "_[k];\n";
+      for (int t : steps) {
+        if (cached_.count(t) && computed_.count(t)) continue;  // in registers since an earlier pass
+        elementStep(body, t, persistent);
+      }
+      for (int t : steps)
+        if (cached_.count(t)) computed_.insert(t);
       use(body);
       s_ << ind << "}\n";
       afterElements_(ind);
@@ -576,8 +605,34 @@ class Emitter {
     }
   }
 
+  // Persistent variant: expensive per-element values (exp, say) that a later pass needs again are
+  // kept in registers (E<t>) from the first pass that computes them, instead of recomputed:
+  // softmax's exp(x - max) feeds both the sum and the output.
+  void chooseCached() {
+    std::map<int, int> passes;  // step -> number of passes that need it
+    auto count = [&](const std::vector<Program::Operand>& targets) {
+      std::set<int> steps, loads;
+      for (const auto& o : targets) collect(o, steps, loads, false);
+      for (int t : steps) ++passes[t];
+    };
+    for (int level = 1; level <= levels_; ++level) {
+      std::vector<Program::Operand> targets;
+      for (int t : reductionsAt(level)) targets.push_back(p_.steps[t].args[0]);
+      count(targets);
+    }
+    std::vector<Program::Operand> final_targets;
+    for (const auto& st : p_.stores)
+      if (!st.after && st.has_columns) final_targets.push_back(st.value);
+    for (const auto& st : p_.steps)
+      if (st.outer) final_targets.push_back(st.args[0]);
+    count(final_targets);
+    for (const auto& [t, n] : passes)
+      if (n > 1 && p_.steps[t].varies == Varies::PerElement && isExpensive(p_.steps[t].op)) cached_.insert(t);
+  }
+
   const Program& p_;
   const NormalizationVariant* v_;
+  std::set<int> cached_, computed_;
   std::ostringstream s_;
   std::vector<int> level_;
   int levels_ = 0;

@@ -8,7 +8,7 @@
 // Two variants:
 // - persistent (items > 0): each thread holds its items * vec elements of the row in registers,
 //   loaded once with 16-byte accesses, so every pass reads registers and the row crosses device
-//   memory once; per-column inputs (weights) are loaded once per thread for all its rows.
+//   memory once (per-column inputs, the weights, are re-read from L1/L2 by each pass needing them).
 // - multi-pass (items == 0), for rows too long for the registers of one block: each pass re-reads
 //   the row from global memory (from L2 while it fits) and recomputes what it needs. Correct at any
 //   row length, about (passes + 1) reads of the row: a fallback, not a fast path.
@@ -81,6 +81,10 @@ struct NormalizationVariant {
 // last the number of partial rows per outer reduction in the workspace (read by the epilogue).
 // Both kernels take the same block.
 size_t normalizationParamWords(const NormalizationProgram& program);
+
+// Ops whose per-element results the persistent variant keeps in registers when several passes
+// need them (the scheduler counts those in its register budget).
+bool isExpensiveNormalizationOp(OpType op);
 
 std::string generateNormalizationSource(const NormalizationProgram& program, const NormalizationVariant& variant,
                                         const std::string& kernel_name);

@@ -242,14 +242,24 @@ DataType argType(const PointwiseProgram::Instr& ins, size_t k) {
   return ins.dtype;
 }
 
+// A 16-bit float created in float32 holds its dtype's value from the start (full(0.1, Half) is
+// Half's 0.1 also where the chain uses it before storing), as on the CPU executor.
+std::string roundedToDtype(const std::string& v, DataType dtype) {
+  if (dtype == DataType::Half) return "__half2float(__float2half_rn(" + v + "))";
+  if (dtype == DataType::BFloat16) return "__bfloat162float(__float2bfloat16_rn(" + v + "))";
+  return v;
+}
+
 // The instruction's value, of computeType(result type of the expression).
 std::string instrExpression(const PointwiseProgram::Instr& ins, int random_slot) {
   if (isRandom(ins.op)) {
     const bool wide = ins.dtype == DataType::Double;
     const std::string fn =
         std::string(ins.op == OpType::Uniform ? "philoxUniform" : "philoxNormal") + (wide ? "D" : "F");
-    return fn + "(g" + std::to_string(random_slot) + ", static_cast<u64>(d), static_cast<u64>(c), a, b)";
+    const std::string v = fn + "(g" + std::to_string(random_slot) + ", static_cast<u64>(d), static_cast<u64>(c), a, b)";
+    return roundedToDtype(v, ins.dtype);
   }
+  if (ins.op == OpType::Full) return roundedToDtype("a", ins.dtype);
   const DataType operand = argType(ins, ins.op == OpType::Where ? 1 : 0);
   std::string e = opExpression(ins.op, operand);
   const DataType produced = isComparison(ins.op) || isLogical(ins.op) ? DataType::Bool : operand;
