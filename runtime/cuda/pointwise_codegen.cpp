@@ -171,6 +171,30 @@ __device__ __forceinline__ float philoxNormalF(u64 g, u64 offset, u64 seed, doub
   const float z = __fmul_rn(sqrtf(-2.0f * logf(u1)), cosf(__fmul_rn(6.283185307179586f, u2)));
   return __fadd_rn(static_cast<float>(mean), __fmul_rn(static_cast<float>(stddev), z));
 }
+// uniform() promises [lo, hi): a draw that rounds to hi or above in its dtype steps down to the
+// dtype's largest value below hi, as runtime/cpu/pointwise.cpp's keepBelowMax does.
+__device__ __forceinline__ unsigned short philoxStepDown16(unsigned short b) {
+  return (b & 0x8000u) ? static_cast<unsigned short>(b + 1) : (b == 0 ? 0x8001u : static_cast<unsigned short>(b - 1));
+}
+__device__ __forceinline__ float philoxBelowH(float v, double lo, double hi) {
+  __half h = __float2half_rn(v);
+  while (hi > lo && static_cast<double>(__half2float(h)) >= hi) h = __ushort_as_half(philoxStepDown16(__half_as_ushort(h)));
+  return __half2float(h);
+}
+__device__ __forceinline__ float philoxBelowB(float v, double lo, double hi) {
+  __nv_bfloat16 h = __float2bfloat16_rn(v);
+  while (hi > lo && static_cast<double>(__bfloat162float(h)) >= hi)
+    h = __ushort_as_bfloat16(philoxStepDown16(__bfloat16_as_ushort(h)));
+  return __bfloat162float(h);
+}
+__device__ __forceinline__ float philoxBelowF(float v, double lo, double hi) {
+  while (hi > lo && static_cast<double>(v) >= hi) v = nextafterf(v, -__int_as_float(0x7f800000));
+  return v;
+}
+__device__ __forceinline__ double philoxBelowD(double v, double lo, double hi) {
+  while (hi > lo && v >= hi) v = nextafter(v, -__longlong_as_double(0x7ff0000000000000LL));
+  return v;
+}
 __device__ __forceinline__ double philoxNormalD(u64 g, u64 offset, u64 seed, double mean, double stddev) {
   const uint4 r = philox4x32(g, offset, seed);
   const double u1 = philoxUnitD(r.x, r.y) + 0x1p-53, u2 = philoxUnitD(r.z, r.w);
@@ -257,6 +281,13 @@ std::string instrExpression(const PointwiseProgram::Instr& ins, int random_slot)
     const std::string fn =
         std::string(ins.op == OpType::Uniform ? "philoxUniform" : "philoxNormal") + (wide ? "D" : "F");
     const std::string v = fn + "(g" + std::to_string(random_slot) + ", static_cast<u64>(d), static_cast<u64>(c), a, b)";
+    if (ins.op == OpType::Uniform) {
+      const char* below = ins.dtype == DataType::Half       ? "philoxBelowH"
+                          : ins.dtype == DataType::BFloat16 ? "philoxBelowB"
+                          : wide                            ? "philoxBelowD"
+                                                            : "philoxBelowF";
+      return std::string(below) + "(" + v + ", a, b)";
+    }
     return roundedToDtype(v, ins.dtype);
   }
   if (ins.op == OpType::Full) return roundedToDtype("a", ins.dtype);
