@@ -260,12 +260,12 @@ def _cuda_attention_ready():
 @pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_cuda_matches_cpu_with_and_without_dropout(rng, causal, d):
+def test_cuda_matches_float64_reference(rng, causal, d):
     import torch
     b, h, sq, skv = 2, 3, 200, 330
     q, k, v = qkv(rng, b, h, sq, skv, d)
     go = rng.standard_normal(q.shape).astype(np.float32)
-    for p in (0.0, 0.25):
+    for p in (0.0,):
         shapes = [q.shape, k.shape, v.shape, go.shape]
         cuda_in = [torch.from_numpy(x).to(torch.bfloat16).cuda() for x in (q, k, v, go)]
         res = backward_fusion(shapes, dtype=BF16, dropout_p=p, is_causal=causal).execute(cuda_in)
@@ -277,6 +277,17 @@ def test_cuda_matches_cpu_with_and_without_dropout(rng, causal, d):
         np.testing.assert_allclose(res[1], ref_lse, rtol=1e-3, atol=1e-3)
         for got, want in zip(res[4:], attention_grad_reference(rq, rk, rv, rgo, causal, keep=keep, p=p)):
             np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU")
+def test_cuda_dropout_is_a_clear_error_until_cudnn_matches_the_philox_mask():
+    # cuDNN's custom dropout mask input did not reproduce the mask it was given on the H200
+    # (runtime/cuda/attention.cpp); a silently different mask would break the seed contract.
+    import torch
+    x = torch.zeros([1, 2, 16, 64], dtype=torch.bfloat16, device="cuda")
+    fd = forward_fusion([x.shape] * 3, dtype=BF16, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dropout_p > 0 is not supported yet"):
+        fd.execute([x, x, x])
 
 
 @pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU")
