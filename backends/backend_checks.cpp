@@ -34,6 +34,16 @@ void blocks(const Backend& backend, const std::string& op, const char* whole_nam
         "team size " + std::to_string(backend.teamSize()) + " x " + block_name + " " + std::to_string(block.numel()));
 }
 
+void allToAll(const Backend& backend, const std::string& op, const Tensor& input, const Tensor& output) {
+  tensor(backend, op, "input", input);
+  tensor(backend, op, "output", output);
+  sameDtype(backend, op, "input", input, "output", output);
+  numel(op, "output", output.numel(), input.numel(), "the same as input");
+  if (input.numel() % backend.teamSize() != 0)
+    throw std::invalid_argument(op + ": input has " + std::to_string(input.numel()) +
+                                " elements, not divisible by the team size " + std::to_string(backend.teamSize()));
+}
+
 void teamRank(const Backend& backend, const std::string& op, const char* what, int64_t rank) {
   if (rank < 0 || rank >= backend.teamSize())
     throw std::invalid_argument(op + ": " + what + " " + std::to_string(rank) + " is not a team rank (team " +

@@ -17,6 +17,8 @@ void numel(const std::string& op, const char* name, int64_t actual, int64_t expe
 // `whole` must be teamSize() blocks of `block`'s size and dtype (allgather, gather, ...).
 void blocks(const Backend& backend, const std::string& op, const char* whole_name, const Tensor& whole,
             const char* block_name, const Tensor& block);
+// All-to-all: `output` like `input` (dtype, element count), and `input` splits into teamSize() blocks.
+void allToAll(const Backend& backend, const std::string& op, const Tensor& input, const Tensor& output);
 // `what` is "root" or "peer": a team rank, 0 .. teamSize()-1.
 void teamRank(const Backend& backend, const std::string& op, const char* what, int64_t rank);
 

@@ -150,6 +150,7 @@ void HostIrEvaluator::run(ValueMap& values) {
         double begin = now();
         const Segment& seg = hic_.segments[ins.index];
         executor_.run(seg, values, hic_.local_shapes);
+        if (tracer_) executor_.synchronize();  // device time, not enqueue time, in the trace
         if (tracer_) tracer_->add(toString(seg.kind) + " " + seg.outputs.front()->name(), "compute", 0, begin, now());
         break;
       }

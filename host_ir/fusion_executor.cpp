@@ -1,5 +1,6 @@
 #include "host_ir/fusion_executor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <sstream>
@@ -75,6 +76,26 @@ void writeTraceFromAllRanks(const Tracer& tracer, const std::string& path, Commu
   mine.resize(longest, ' ');
   std::vector<std::string> all = comm->allgatherBytes(world, mine, timeout);
   if (comm->rank() == 0) writeTrace(path, all);
+}
+
+// uniform()/normal() without an rng_seed draw from (seed, offset) pairs that differ at every
+// execution and agree across ranks: every rank calls execute() on the same definitions in the same
+// order (SPMD), so a process-wide counter advanced per random op and execution gives each rank the
+// same offsets, and sharded random tensors stay blocks of one global tensor. MESHFUSE_SEED sets the
+// seed (default fixed, so runs are reproducible).
+void bindFreshRandomState(const Fusion& lowered, ValueMap& values) {
+  static std::atomic<uint64_t> next_offset{0};
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("MESHFUSE_SEED");
+    return env ? std::strtoull(env, nullptr, 10) : uint64_t{0x6d657368};
+  }();
+  for (const auto& e : lowered.exprs()) {
+    if (!e->attrs().fresh_rng) continue;
+    // The pair is the expr's last two operands (uniform/normal, sdpfa_fwd).
+    const size_t n = e->inputs().size();
+    values.scalars[e->input(n - 2)] = static_cast<double>(seed);
+    values.scalars[e->input(n - 1)] = static_cast<double>(next_offset.fetch_add(1));
+  }
 }
 
 std::unique_ptr<SegmentExecutor> executorFor(Device device) {
@@ -168,6 +189,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     else if (sig.present[i] && std::holds_alternative<Tensor>(inputs[i]))
       values.tensors[v] = std::get<Tensor>(inputs[i]);
   }
+  bindFreshRandomState(lowered, values);
   HostIrEvaluatorParams eval_params = params.executor;
   eval_params.timeout = timeout;
   program.hic->number_of_streams = eval_params.number_of_streams;

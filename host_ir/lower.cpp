@@ -8,6 +8,7 @@
 #include "multidevice/resharding.h"
 #include "multidevice/sharding.h"
 #include "ops/shape_inference.h"
+#include "runtime/normalization_plan.h"
 
 namespace meshfuse {
 
@@ -24,7 +25,8 @@ GlobalShapes bindShapes(const Fusion& fusion, const GlobalShapes& input_shapes) 
       if (it == shapes.end()) throw std::logic_error("bindShapes: " + v->name() + " has no shape");
       in.push_back(it->second);
     }
-    shapes[e->out()] = inferShape(e->op(), e->attrs(), e->inputs(), in);
+    std::vector<std::vector<int64_t>> outs = inferShapes(e.get(), in);
+    for (size_t i = 0; i < outs.size(); ++i) shapes[e->outputs()[i]] = std::move(outs[i]);
   }
   for (const auto& v : fusion.vals())
     if (v->isTensor() && shapes.count(v.get()))
@@ -37,6 +39,7 @@ Segment::Kind kindOf(OpType op) {
   if (isPointwise(op)) return Segment::Kind::Pointwise;
   if (isReduction(op)) return Segment::Kind::Reduction;
   if (op == OpType::Matmul || op == OpType::Linear) return Segment::Kind::Matmul;
+  if (isAttention(op)) return Segment::Kind::Attention;
   return Segment::Kind::View;
 }
 
@@ -74,11 +77,16 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
     }
   }
   findStreamLoops(fusion, shapes);
+  findNormalizationSegments(fusion);
   for (Expr* e : fusion.liveExprs()) {
     if (auto plan = loop_at_.find(e); plan != loop_at_.end()) {
       lowerStreamLoop(plan->second.matmul, plan->second.set, plan->second.kind);
       hic_->loops.back().chunks = plan->second.chunks;
     } else if (absorbed_.count(e)) {
+      continue;
+    } else if (auto norm = normalization_at_.find(e); norm != normalization_at_.end()) {
+      lowerNormalization(norm->second);
+    } else if (in_normalization_.count(e)) {
       continue;
     } else if (isResharding(e)) {
       lowerResharding(e);
@@ -87,6 +95,7 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
     }
   }
   finishSegments(fusion);
+  recordRandomBlocks(shapes);
   placeWaits();
   return std::move(hic_);
 }
@@ -165,6 +174,87 @@ void HostIrLower::lowerStreamLoop(const Expr* matmul, const Expr* set, StreamLoo
   ins.index = static_cast<int>(hic_->loops.size()) - 1;
   hic_->program.push_back(ins);
   open_pointwise_ = -1;
+}
+
+// Groups runs of consecutive local exprs into normalization segments: from each reduction, the
+// earliest start (pointwise producers) and then the furthest end (more reductions over the same
+// axes, pointwise consumers) for which planNormalization accepts the run. Greedy and in definition
+// order, so a segment never moves an expr past another.
+void HostIrLower::findNormalizationSegments(const Fusion& fusion) {
+  normalization_at_.clear();
+  in_normalization_.clear();
+  std::vector<const Expr*> run;
+  auto plans = [&](size_t begin, size_t end) {
+    std::vector<const Expr*> part(run.begin() + static_cast<std::ptrdiff_t>(begin),
+                                  run.begin() + static_cast<std::ptrdiff_t>(end));
+    return planNormalization(part, hic_->local_shapes).has_value();
+  };
+  auto flush = [&] {
+    size_t i = 0;
+    while (i < run.size()) {
+      size_t r = i;
+      while (r < run.size() && !isReduction(run[r]->op())) ++r;
+      if (r == run.size()) break;
+      size_t begin = i;
+      while (begin <= r && !plans(begin, r + 1)) ++begin;
+      if (begin > r) {
+        i = r + 1;
+        continue;
+      }
+      size_t end = r + 1;
+      while (end < run.size() && plans(begin, end + 1)) ++end;
+      if (end - begin > 1) {
+        std::vector<const Expr*> group(run.begin() + static_cast<std::ptrdiff_t>(begin),
+                                       run.begin() + static_cast<std::ptrdiff_t>(end));
+        for (const Expr* e : group) in_normalization_[e] = true;
+        normalization_at_[group.front()] = std::move(group);
+      }
+      i = end;
+    }
+    run.clear();
+  };
+  for (Expr* e : fusion.liveExprs()) {
+    const bool candidate = normalizationCandidate(e) && !isResharding(e) && !absorbed_.count(e) && !loop_at_.count(e) &&
+                           onThisRank(e->out(), hic_->rank);
+    if (candidate)
+      run.push_back(e);
+    else
+      flush();
+  }
+  flush();
+}
+
+void HostIrLower::lowerNormalization(const std::vector<const Expr*>& exprs) {
+  Segment seg;
+  seg.kind = Segment::Kind::Normalization;
+  seg.exprs = exprs;
+  hic_->segments.push_back(std::move(seg));
+  Instruction ins;
+  ins.kind = Instruction::Kind::LaunchSegment;
+  ins.index = static_cast<int>(hic_->segments.size()) - 1;
+  hic_->program.push_back(ins);
+  open_pointwise_ = -1;
+}
+
+// A sharded uniform()/normal() generates its block of the global tensor: record the block (and so
+// does sharded attention, for its dropout mask).
+void HostIrLower::recordRandomBlocks(const GlobalShapes& shapes) {
+  for (Segment& seg : hic_->segments) {
+    for (const Expr* e : seg.exprs) {
+      const TensorView* out = e->out();
+      // Attention records its first output's block: its dropout mask is indexed by global (batch, head).
+      if (!(isRandom(e->op()) || isAttention(e->op())) || !out->isSharded() || !out->hasDeviceMesh()) continue;
+      GlobalBlock block;
+      block.global_shape = shapes.at(out);
+      block.offsets.assign(block.global_shape.size(), 0);
+      const std::vector<int64_t>& local = hic_->local_shapes.at(out);
+      const Sharding s = shardingOf(out);
+      for (int d = 0; d < kMeshDims; ++d)
+        if (s.axis[d] >= 0)
+          block.offsets[s.axis[d]] += out->deviceMesh()->coordinate(hic_->rank, meshParallelType(d)) * local[s.axis[d]];
+      seg.global_blocks[out] = std::move(block);
+    }
+  }
 }
 
 void HostIrLower::lowerCompute(const Expr* e) {
@@ -328,17 +418,19 @@ void HostIrLower::lowerResharding(const Expr* e) {
 void HostIrLower::finishSegments(const Fusion& fusion) {
   for (Segment& seg : hic_->segments) {
     std::unordered_set<const Val*> produced;
-    for (const Expr* e : seg.exprs) produced.insert(e->out());
+    for (const Expr* e : seg.exprs) produced.insert(e->outputs().begin(), e->outputs().end());
     std::unordered_set<const Val*> seen;
     for (const Expr* e : seg.exprs)
       for (Val* v : e->inputs())
         if (!produced.count(v) && seen.insert(v).second) seg.inputs.push_back(v);
     for (const Expr* e : seg.exprs) {
-      TensorView* out = e->out();
-      bool used_outside = fusion.isOutput(out);
-      for (const Expr* use : out->uses())
-        if (std::find(seg.exprs.begin(), seg.exprs.end(), use) == seg.exprs.end()) used_outside = true;
-      if (used_outside) seg.outputs.push_back(out);
+      for (Val* v : e->outputs()) {  // every result of a multi-output expr (attention)
+        auto* out = static_cast<TensorView*>(v);
+        bool used_outside = fusion.isOutput(out);
+        for (const Expr* use : out->uses())
+          if (std::find(seg.exprs.begin(), seg.exprs.end(), use) == seg.exprs.end()) used_outside = true;
+        if (used_outside) seg.outputs.push_back(out);
+      }
     }
   }
 }

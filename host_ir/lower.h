@@ -21,6 +21,9 @@ class HostIrLower {
 
  private:
   void findStreamLoops(const Fusion& fusion, const GlobalShapes& shapes);
+  void findNormalizationSegments(const Fusion& fusion);
+  void lowerNormalization(const std::vector<const Expr*>& exprs);
+  void recordRandomBlocks(const GlobalShapes& shapes);
   void lowerStreamLoop(const Expr* matmul, const Expr* set, StreamLoop::Kind kind);
   void lowerCompute(const Expr* e);
   void lowerResharding(const Expr* e);
@@ -40,6 +43,9 @@ class HostIrLower {
   };
   std::unordered_map<const Expr*, LoopPlan> loop_at_;
   std::unordered_map<const Expr*, bool> absorbed_;
+  // Runs of exprs that form one normalization segment, by their first expr; the others are skipped.
+  std::unordered_map<const Expr*, std::vector<const Expr*>> normalization_at_;
+  std::unordered_map<const Expr*, bool> in_normalization_;
 };
 
 // Forward shape inference over `fusion` from the inputs' global shapes; UserError on a mismatch.

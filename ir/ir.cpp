@@ -133,6 +133,12 @@ std::string toString(OpType op) {
     case OpType::Sigmoid: return "sigmoid";
     case OpType::Tanh: return "tanh";
     case OpType::Gelu: return "gelu";
+    case OpType::Rsqrt: return "rsqrt";
+    case OpType::Reciprocal: return "reciprocal";
+    case OpType::Erf: return "erf";
+    case OpType::Silu: return "silu";
+    case OpType::Square: return "square";
+    case OpType::LogicalNot: return "logical_not";
     case OpType::Add: return "add";
     case OpType::Sub: return "sub";
     case OpType::Mul: return "mul";
@@ -140,24 +146,49 @@ std::string toString(OpType op) {
     case OpType::Max: return "maximum";
     case OpType::Min: return "minimum";
     case OpType::Pow: return "pow";
+    case OpType::Lt: return "lt";
+    case OpType::Le: return "le";
+    case OpType::Gt: return "gt";
+    case OpType::Ge: return "ge";
+    case OpType::Eq: return "eq";
+    case OpType::Ne: return "ne";
+    case OpType::LogicalAnd: return "logical_and";
+    case OpType::LogicalOr: return "logical_or";
+    case OpType::Where: return "where";
     case OpType::Cast: return "cast";
     case OpType::Set: return "set";
+    case OpType::Full: return "full";
+    case OpType::Uniform: return "uniform";
+    case OpType::Normal: return "normal";
     case OpType::Sum: return "sum";
     case OpType::ReduceMax: return "max";
     case OpType::Mean: return "mean";
     case OpType::BroadcastInDim: return "broadcast_in_dim";
     case OpType::Reshape: return "reshape";
     case OpType::Permute: return "permute";
+    case OpType::Slice: return "slice";
+    case OpType::Cat: return "cat";
+    case OpType::StrideOrder: return "stride_order";
+    case OpType::SdpaFwd: return "sdpfa_fwd";
+    case OpType::SdpaBwd: return "sdpfa_bwd";
     case OpType::Matmul: return "matmul";
     case OpType::Linear: return "linear";
   }
   return "?";
 }
 
-bool isUnary(OpType op) { return op <= OpType::Gelu; }
-bool isBinary(OpType op) { return op >= OpType::Add && op <= OpType::Pow; }
-bool isPointwise(OpType op) { return isUnary(op) || isBinary(op) || op == OpType::Cast || op == OpType::Set; }
+bool isUnary(OpType op) { return op <= OpType::LogicalNot; }
+bool isBinary(OpType op) { return op >= OpType::Add && op <= OpType::LogicalOr; }
+bool isTernary(OpType op) { return op == OpType::Where; }
+bool isComparison(OpType op) { return op >= OpType::Lt && op <= OpType::Ne; }
+bool isLogical(OpType op) { return op == OpType::LogicalAnd || op == OpType::LogicalOr || op == OpType::LogicalNot; }
+bool isCreation(OpType op) { return op == OpType::Full || op == OpType::Uniform || op == OpType::Normal; }
+bool isRandom(OpType op) { return op == OpType::Uniform || op == OpType::Normal; }
+bool isPointwise(OpType op) {
+  return isUnary(op) || isBinary(op) || isTernary(op) || isCreation(op) || op == OpType::Cast || op == OpType::Set;
+}
 bool isReduction(OpType op) { return op == OpType::Sum || op == OpType::ReduceMax || op == OpType::Mean; }
+bool isAttention(OpType op) { return op == OpType::SdpaFwd || op == OpType::SdpaBwd; }
 
 TensorView* Expr::out() const { return static_cast<TensorView*>(outputs_.at(0)); }
 
@@ -193,8 +224,10 @@ std::string Expr::toString() const {
   for (size_t i = 0; i < inputs_.size(); ++i) os << (i ? ", " : "") << inputs_[i]->name();
   if (!attrs_.axes.empty()) os << ", axes=" << shapeToString(attrs_.axes);
   if (!attrs_.shape.empty()) os << ", shape=" << shapeToString(attrs_.shape);
+  if (!attrs_.strides.empty()) os << ", strides=" << shapeToString(attrs_.strides);
   if (attrs_.keepdim) os << ", keepdim=True";
-  if (op_ == OpType::Cast) os << ", dtype=" << meshfuse::toString(attrs_.cast_to);
+  if (op_ == OpType::Cast || isCreation(op_)) os << ", dtype=" << meshfuse::toString(attrs_.cast_to);
+  if (attrs_.fresh_rng) os << ", fresh_rng=True";
   os << ")";
   return os.str();
 }

@@ -128,6 +128,12 @@ enum class OpType : uint8_t {
   Sigmoid,
   Tanh,
   Gelu,
+  Rsqrt,
+  Reciprocal,
+  Erf,
+  Silu,
+  Square,
+  LogicalNot,  // Bool result
   // binary
   Add,
   Sub,
@@ -136,31 +142,60 @@ enum class OpType : uint8_t {
   Max,
   Min,
   Pow,
+  Lt,  // comparisons: Bool result
+  Le,
+  Gt,
+  Ge,
+  Eq,
+  Ne,
+  LogicalAnd,  // Bool result
+  LogicalOr,
+  // ternary
+  Where,  // where(cond, a, b)
   // others
   Cast,
   Set,
+  Full,     // full(shape, fill_value, dtype): inputs {fill_value}
+  Uniform,  // uniform(minval, maxval, shape, dtype, seed, offset): inputs {minval, maxval, seed, offset}
+  Normal,   // normal(mean, std, shape, dtype, seed, offset): inputs {mean, std, seed, offset}
   Sum,
   ReduceMax,
   Mean,
   BroadcastInDim,
   Reshape,
   Permute,
+  Slice,        // attrs: axes = starts, shape = ends, strides = steps
+  Cat,          // attrs: axes = {dim}
+  StrideOrder,  // a copy laid out in memory by attrs.axes (nvFuser's stride_order)
+  // Fused attention (nvFuser's sdpfa_fwd/sdpfa_bwd), exprs of several outputs; operand order in ops/attention.h.
+  SdpaFwd,
+  SdpaBwd,
   Matmul,
   Linear,
 };
 std::string toString(OpType op);
 bool isUnary(OpType op);
 bool isBinary(OpType op);
-bool isPointwise(OpType op);  // unary, binary, cast, set
+bool isTernary(OpType op);
+bool isComparison(OpType op);  // lt, le, gt, ge, eq, ne
+bool isLogical(OpType op);     // logical_and, logical_or, logical_not
+// Full, Uniform, Normal: an output computed from scalars alone (no tensor operand).
+bool isCreation(OpType op);
+bool isRandom(OpType op);     // Uniform, Normal
+bool isPointwise(OpType op);  // unary, binary, ternary, cast, set, creation
 bool isReduction(OpType op);  // sum, max, mean
+bool isAttention(OpType op);  // sdpfa_fwd, sdpfa_bwd
 
 // Operands, results and the attributes an op needs; `axes` holds reduction axes, the permutation,
 // broadcast_in_dim's kept dims or reshape's new shape.
 struct ExprAttributes {
   std::vector<int64_t> axes;
-  std::vector<int64_t> shape;  // broadcast_in_dim's output shape, reshape's target
+  std::vector<int64_t> shape;    // broadcast_in_dim's output shape, reshape's target
+  std::vector<int64_t> strides;  // slice's steps
   bool keepdim = false;
-  DataType cast_to = DataType::Float;
+  DataType cast_to = DataType::Float;  // cast's target; full/uniform/normal's dtype
+  // uniform/normal without an rng_seed: the executor draws a fresh (seed, offset) per execution.
+  bool fresh_rng = false;
 };
 
 class Expr {

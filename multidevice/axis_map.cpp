@@ -52,6 +52,37 @@ std::vector<int> linearAxes(const Expr* e, size_t i) {
   }
   return {static_cast<int>(out_rank - 1)};  // bias [N]
 }
+// A reshape maps groups of consecutive input axes onto groups of consecutive output axes of the
+// same element count. A group's first input axis maps to its first output axis: an outer split of
+// it into d blocks is an outer split of the flattened group into d contiguous runs, which is the
+// same as an outer split of the first output axis wherever the extents divide by d (the resharding
+// pass checks that). Splits (e = h * dh -> [h, dh]) and merges ([b, s] -> b * s) are such groups.
+std::vector<int> reshapeAxes(const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
+  std::vector<int> m(in.size(), kNoAxis);
+  const bool known = std::none_of(in.begin(), in.end(), [](int64_t e) { return e < 0; }) &&
+                     std::none_of(out.begin(), out.end(), [](int64_t e) { return e < 0; });
+  if (!known) {  // symbolic extents: only the leading axis is known to start a group
+    if (!in.empty() && !out.empty()) m[0] = 0;
+    return m;
+  }
+  size_t i = 0, j = 0;
+  while (i < in.size() && j < out.size()) {
+    // Extent-1 axes form groups of their own where they can (they carry no blocks).
+    const size_t gi = i, gj = j;
+    int64_t pi = in[i++], pj = out[j++];
+    while (pi != pj) {
+      if (pi < pj && i < in.size())
+        pi *= in[i++];
+      else if (j < out.size())
+        pj *= out[j++];
+      else
+        break;
+    }
+    if (pi != pj) break;
+    m[gi] = static_cast<int>(gj);
+  }
+  return m;
+}
 }  // namespace
 
 std::vector<int> inputToOutputAxes(const Expr* e, size_t i) {
@@ -88,10 +119,27 @@ std::vector<int> inputToOutputAxes(const Expr* e, size_t i) {
       for (size_t j = 0; j < attrs.axes.size(); ++j) m[attrs.axes[j]] = static_cast<int>(j);
       return m;
     }
-    case OpType::Reshape: {
-      // Contiguous blocks of the leading axis stay contiguous blocks of the new leading axis.
+    case OpType::Reshape: return reshapeAxes(in->shape(), e->out()->shape());
+    case OpType::StrideOrder: return rightAligned(in->ndim(), out_rank);
+    case OpType::Slice: {
+      // An axis taken whole keeps its blocks; a sliced one has no block-aligned counterpart.
+      std::vector<int> m(in->ndim());
+      for (int64_t a = 0; a < in->ndim(); ++a) {
+        const bool whole = attrs.axes[a] == 0 && attrs.strides[a] == 1 && attrs.shape[a] == in->shape()[a];
+        m[a] = whole ? static_cast<int>(a) : kNoAxis;
+      }
+      return m;
+    }
+    case OpType::Cat: {
+      std::vector<int> m(in->ndim());
+      for (int64_t a = 0; a < in->ndim(); ++a) m[a] = a == attrs.axes[0] ? kNoAxis : static_cast<int>(a);
+      return m;
+    }
+    case OpType::SdpaFwd:
+    case OpType::SdpaBwd: {
+      // Batch and heads pass through to the (first) result; the other axes are mixed by the op.
       std::vector<int> m(in->ndim(), kNoAxis);
-      if (in->ndim() > 0 && out_rank > 0) m[0] = 0;
+      for (int64_t a = 0; a < std::min<int64_t>(2, in->ndim()); ++a) m[a] = static_cast<int>(a);
       return m;
     }
     case OpType::Matmul: return matmulAxes(e, i);

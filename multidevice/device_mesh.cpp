@@ -45,7 +45,8 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> devices, std::vector<int64_t> shape)
     throw std::invalid_argument("DeviceMesh: shape " + shapeToString(shape_) + " does not hold " +
                                 std::to_string(size()) + " devices");
   std::set<int64_t> unique(devices_.begin(), devices_.end());
-  if (unique.size() != devices_.size()) throw std::invalid_argument("DeviceMesh: a device appears twice in " + toString());
+  if (unique.size() != devices_.size())
+    throw std::invalid_argument("DeviceMesh: a device appears twice in " + toString());
   for (int64_t d : devices_)
     if (d < 0) throw std::invalid_argument("DeviceMesh: negative device id " + std::to_string(d));
 }

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "multidevice/axis_map.h"
+#include "ops/attention.h"
 #include "ops/ops.h"
 #include "runtime/tensor.h"
 
@@ -86,10 +87,16 @@ class ReshardingPass {
   }
 
   // The output sharding implied by the inputs along each dim (Partial where a sharded axis is reduced).
+  // Where inputs are sharded along one mesh dimension on different output axes, the first in
+  // `order` decides: for matmul and linear the weight (operand 1), so that a sequence-parallel
+  // activation is gathered rather than the weight (Megatron's SP), else operand order.
   Sharding propagate(const Expr* e, const std::vector<Val*>& inputs, const DeviceMesh& mesh) {
     Sharding s;
+    std::vector<size_t> order(inputs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if ((e->op() == OpType::Linear || e->op() == OpType::Matmul) && order.size() >= 2) std::swap(order[0], order[1]);
     for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
-      for (size_t i = 0; i < inputs.size(); ++i) {
+      for (size_t i : order) {
         if (!inputs[i]->isTensor()) continue;
         auto* tv = static_cast<TensorView*>(inputs[i]);
         if (tv->deviceMesh() != mesh) continue;
@@ -249,6 +256,39 @@ class ReshardingPass {
     return compute;
   }
 
+  // Slice and cat compute a sharded output axis locally only where an input axis maps onto it
+  // whole; a sliced or concatenated axis is computed replicated and sliced to its target after.
+  static Sharding unmappedAxesReplicated(const Expr* e, Sharding compute) {
+    for (int d = 0; d < kMeshDims; ++d) {
+      const int b = compute.axis[d];
+      if (b >= 0 && inputAxisFor(e, 0, b) < 0) compute.axis[d] = -1;
+    }
+    return compute;
+  }
+
+  // An annotation on a view's result that its input's blocks cannot produce locally would need the
+  // input gathered and the result sliced again: a user who sharded the input meant the view to stay
+  // local, so say which axes do not line up instead of moving the data behind their back. (Where
+  // the input is replicated along that mesh dimension, the slice is local and allowed.)
+  static void checkViewAnnotationHonoured(const Expr* e, const std::vector<Val*>& inputs, const Sharding& wanted,
+                                          const Sharding& local, const DeviceMesh& mesh) {
+    for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
+      if (wanted.axis[d] == local.axis[d]) continue;
+      for (Val* v : inputs) {
+        auto* tv = v->isTensor() ? static_cast<TensorView*>(v) : nullptr;
+        if (tv == nullptr || tv->deviceMesh() != mesh || shardingOf(tv).axis[d] < 0) continue;
+        const std::string p = toString(meshParallelType(d));
+        throw UserError(toString(e->op()) + ": " + e->out()->name() + " " + shapeToString(e->out()->shape()) +
+                        " is annotated sharded on axis " + std::to_string(wanted.axis[d]) + " along " + p + ", but " +
+                        describe(tv) + " is sharded on axis " + std::to_string(shardingOf(tv).axis[d]) + " " +
+                        shapeToString(tv->shape()) +
+                        " and its blocks do not line up with that axis (a reshape keeps a sharding on the first axis "
+                        "of a split or merge whose extent divides by the mesh size; slice and cat on untouched axes): "
+                        "annotate a sharding they line up with, or reshard explicitly with a set()");
+      }
+    }
+  }
+
   // Lowers one original expr (or a piece of one) whose output should end up as `target` on `mesh`.
   // Returns the value that holds the result with that sharding.
   TensorView* lowerCompute(const Expr* e, std::vector<Val*> inputs, const DeviceMesh& mesh,
@@ -278,7 +318,10 @@ class ReshardingPass {
         }
       }
     }
+    const Sharding wanted = compute;
     if (e->op() == OpType::Reshape) compute = reshapeComputeSharding(e, compute, compute_mesh);
+    if (e->op() == OpType::Slice || e->op() == OpType::Cat) compute = unmappedAxesReplicated(e, compute);
+    if (target && !(compute == wanted)) checkViewAnnotationHonoured(e, inputs, wanted, compute, compute_mesh);
     // Linear with bias and a Partial result: add the bias once, after the reduction.
     if (e->op() == OpType::Linear && inputs.size() == 3 &&
         std::any_of(compute.partial.begin(), compute.partial.end(), [](bool p) { return p; })) {
@@ -347,10 +390,18 @@ class ReshardingPass {
     std::vector<Val*> inputs;
     for (Val* v : e->inputs()) inputs.push_back(mapped(v));
     const TensorView* orig_out = e->out();
-    if (!default_mesh_) {  // single device: copy as is
-      TensorView* out = out_->newTensor(orig_out->dtype(), orig_out->shape(), orig_out->contiguity());
-      out_->newExpr(e->op(), inputs, {out}, e->attrs());
-      map_[orig_out->id()] = out;
+    if (!default_mesh_) {  // single device: copy as is (every result of a multi-output expr)
+      std::vector<Val*> outs;
+      for (Val* o : e->outputs()) {
+        auto* tv = static_cast<TensorView*>(o);
+        outs.push_back(out_->newTensor(tv->dtype(), tv->shape(), tv->contiguity()));
+        map_[o->id()] = outs.back();
+      }
+      out_->newExpr(e->op(), inputs, outs, e->attrs());
+      return;
+    }
+    if (isAttention(e->op())) {
+      lowerAttention(e, inputs);
       return;
     }
     DeviceMesh mesh;
@@ -388,6 +439,57 @@ class ReshardingPass {
         producer->setLoop(orig_out->loop());
     }
     map_[orig_out->id()] = result;
+  }
+
+  // Attention computes each (batch, head) on its own, so q's batch/head sharding, given to every
+  // operand and result, needs no communication (operands sharded otherwise are resharded to it).
+  // The sequence and head-dim axes cannot be sharded: that would need ring attention.
+  void lowerAttention(const Expr* e, const std::vector<Val*>& inputs) {
+    const std::string op = toString(e->op());
+    auto rejectSequenceSharding = [&](const TensorView* tv, const Sharding& sh) {
+      static const char* names[] = {"batch", "heads", "sequence", "head dim"};
+      for (int d = 0; d < kMeshDims; ++d)
+        if (sh.axis[d] >= 2)
+          throw UserError(op + ": " + tv->name() + " is sharded on axis " + std::to_string(sh.axis[d]) + " (" +
+                          names[std::min(sh.axis[d], 3)] + ") over " + toString(meshParallelType(d)) +
+                          "; attention can shard only batch (axis 0) and heads (axis 1): sequence sharding (ring "
+                          "attention) is not supported");
+    };
+    for (Val* v : e->inputs())
+      if (v->isTensor()) rejectSequenceSharding(static_cast<TensorView*>(v), shardingOf(static_cast<TensorView*>(v)));
+    for (Val* v : e->outputs())
+      rejectSequenceSharding(static_cast<TensorView*>(v), shardingOf(static_cast<TensorView*>(v)));
+
+    const size_t qi = e->op() == OpType::SdpaFwd ? size_t{ops::sdpa::kQ} : size_t{ops::sdpa::kBwdQ};
+    auto* q = static_cast<TensorView*>(inputs[qi]);
+    const DeviceMesh mesh = *q->deviceMesh();
+    Sharding compute;
+    const Sharding qs = shardingOf(q);
+    for (int d = 0; d < kMeshDims; ++d) compute.axis[d] = qs.axis[d] <= 1 ? qs.axis[d] : -1;
+    auto shardingFor = [&](const TensorView* tv) { return tv->ndim() >= 2 ? compute : Sharding{}; };
+    std::vector<Val*> ready;
+    for (Val* v : inputs) {
+      auto* tv = v->isTensor() ? static_cast<TensorView*>(v) : nullptr;
+      ready.push_back(tv ? reshard(tv, mesh, shardingFor(tv)) : v);
+    }
+    std::vector<Val*> results;
+    for (Val* o : e->outputs()) {
+      auto* tv = static_cast<TensorView*>(o);
+      results.push_back(newTv(tv, tv->dtype(), mesh, shardingFor(tv)));
+    }
+    out_->newExpr(e->op(), ready, results, e->attrs());
+    for (size_t i = 0; i < results.size(); ++i) {
+      auto* orig = static_cast<TensorView*>(e->outputs()[i]);
+      auto* result = static_cast<TensorView*>(results[i]);
+      if (orig->hasDeviceMesh()) {  // an annotated result: honoured (one communication at most)
+        const Sharding target = shardingOf(orig);
+        if (target.partial[0] || target.partial[1] || target.partial[2])
+          throw UserError(orig->name() + ": outputs cannot be declared Partial");
+        if (result->deviceMesh() != orig->deviceMesh() || !(shardingOf(result) == target))
+          result = reshard(result, *orig->deviceMesh(), target);
+      }
+      map_[orig->id()] = result;
+    }
   }
 
   const Fusion& original_;

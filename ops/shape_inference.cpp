@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "ops/attention.h"
 #include "runtime/tensor.h"
 
 namespace meshfuse {
@@ -12,7 +13,8 @@ std::string axisDesc(const Val* v, int64_t axis, int64_t extent) {
   return v->name() + " axis " + std::to_string(axis) + " (extent " + std::to_string(extent) + ")";
 }
 
-std::vector<int64_t> broadcastShapes(OpType op, const std::vector<Val*>& inputs, const std::vector<std::vector<int64_t>>& shapes) {
+std::vector<int64_t> broadcastShapes(OpType op, const std::vector<Val*>& inputs,
+                                     const std::vector<std::vector<int64_t>>& shapes) {
   size_t rank = 0;
   for (const auto& s : shapes) rank = std::max(rank, s.size());
   std::vector<int64_t> out(rank, 1);
@@ -23,10 +25,14 @@ std::vector<int64_t> broadcastShapes(OpType op, const std::vector<Val*>& inputs,
     for (size_t d = 0; d < s.size(); ++d) {
       int64_t a = out[offset + d], b = s[d];
       int64_t r;
-      if (a == b || b == 1) r = a;
-      else if (a == 1) r = b;
-      else if (a == -1) r = b;
-      else if (b == -1) r = a;
+      if (a == b || b == 1)
+        r = a;
+      else if (a == 1)
+        r = b;
+      else if (a == -1)
+        r = b;
+      else if (b == -1)
+        r = a;
       else {
         const Val* other = inputs[from[offset + d]];
         size_t other_axis = offset + d - (rank - shapes[from[offset + d]].size());
@@ -43,7 +49,8 @@ std::vector<int64_t> broadcastShapes(OpType op, const std::vector<Val*>& inputs,
 // Checks that two contraction extents agree (when both are known).
 void checkContraction(OpType op, const Val* a, int64_t a_axis, int64_t ka, const Val* b, int64_t b_axis, int64_t kb) {
   if (ka >= 0 && kb >= 0 && ka != kb)
-    throw UserError(toString(op) + ": contraction extents differ: " + axisDesc(a, a_axis, ka) + " vs " + axisDesc(b, b_axis, kb));
+    throw UserError(toString(op) + ": contraction extents differ: " + axisDesc(a, a_axis, ka) + " vs " +
+                    axisDesc(b, b_axis, kb));
 }
 
 std::vector<int64_t> matmulShape(const std::vector<Val*>& in, const std::vector<std::vector<int64_t>>& shapes) {
@@ -81,6 +88,52 @@ std::vector<int64_t> linearShape(const std::vector<Val*>& in, const std::vector<
   }
   return out;
 }
+std::vector<int64_t> sliceShape(const Val* x, const std::vector<int64_t>& s, const ExprAttributes& attrs) {
+  const std::string what = "slice(" + x->name() + ")";
+  const size_t rank = s.size();
+  if (attrs.axes.size() != rank || attrs.shape.size() != rank || attrs.strides.size() != rank)
+    throw UserError(what + ": start_indices, end_indices and strides need " + std::to_string(rank) +
+                    " entries each (one per axis), got " + std::to_string(attrs.axes.size()) + ", " +
+                    std::to_string(attrs.shape.size()) + " and " + std::to_string(attrs.strides.size()));
+  std::vector<int64_t> out(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t start = attrs.axes[d], end = attrs.shape[d], step = attrs.strides[d];
+    if (step < 1)
+      throw UserError(what + ": axis " + std::to_string(d) + " has step " + std::to_string(step) + ", must be >= 1");
+    if (start < 0 || end < start || (s[d] >= 0 && end > s[d]))
+      throw UserError(what + ": axis " + std::to_string(d) + " slice [" + std::to_string(start) + ", " +
+                      std::to_string(end) + ") is out of range for extent " + std::to_string(s[d]));
+    out[d] = (end - start + step - 1) / step;
+  }
+  return out;
+}
+
+std::vector<int64_t> catShape(const std::vector<Val*>& in, const std::vector<std::vector<int64_t>>& shapes,
+                              const ExprAttributes& attrs) {
+  const std::vector<int64_t>& first = shapes[0];
+  const int64_t rank = static_cast<int64_t>(first.size());
+  if (rank == 0) throw UserError("cat: " + in[0]->name() + " is a 0-dimensional tensor");
+  const int64_t dim = normalizeAxes(attrs.axes, rank, "cat")[0];
+  std::vector<int64_t> out = first;
+  for (size_t i = 1; i < shapes.size(); ++i) {
+    const auto& s = shapes[i];
+    if (static_cast<int64_t>(s.size()) != rank)
+      throw UserError("cat: " + in[i]->name() + " has rank " + std::to_string(s.size()) + ", " + in[0]->name() +
+                      " has rank " + std::to_string(rank));
+    for (int64_t d = 0; d < rank; ++d) {
+      if (d == dim) continue;
+      if (s[d] >= 0 && first[d] >= 0 && s[d] != first[d])
+        throw UserError("cat along axis " + std::to_string(dim) + ": " + axisDesc(in[i], d, s[d]) + " differs from " +
+                        axisDesc(in[0], d, first[d]));
+    }
+    out[dim] = (out[dim] < 0 || s[dim] < 0) ? -1 : out[dim] + s[dim];
+  }
+  for (Val* v : in)
+    if (v->dtype() != in[0]->dtype())
+      throw UserError("cat: " + v->name() + " is " + toString(v->dtype()) + ", " + in[0]->name() + " is " +
+                      toString(in[0]->dtype()) + " (cast them to one dtype first)");
+  return out;
+}
 }  // namespace
 
 std::vector<int64_t> normalizeAxes(const std::vector<int64_t>& axes, int64_t rank, const std::string& what) {
@@ -99,7 +152,8 @@ std::vector<int64_t> normalizeAxes(const std::vector<int64_t>& axes, int64_t ran
 std::vector<int64_t> inferShape(OpType op, const ExprAttributes& attrs, const std::vector<Val*>& inputs,
                                 const std::vector<std::vector<int64_t>>& shapes) {
   if (isUnary(op) || op == OpType::Cast || op == OpType::Set) return shapes[0];
-  if (isBinary(op)) return broadcastShapes(op, inputs, shapes);
+  if (isBinary(op) || isTernary(op)) return broadcastShapes(op, inputs, shapes);
+  if (isCreation(op)) return attrs.shape;
   const std::string what = toString(op) + "(" + inputs[0]->name() + ")";
   switch (op) {
     case OpType::Sum:
@@ -110,8 +164,10 @@ std::vector<int64_t> inferShape(OpType op, const ExprAttributes& attrs, const st
       std::vector<int64_t> out;
       for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
         bool reduced = std::find(axes.begin(), axes.end(), d) != axes.end();
-        if (!reduced) out.push_back(s[d]);
-        else if (attrs.keepdim) out.push_back(1);
+        if (!reduced)
+          out.push_back(s[d]);
+        else if (attrs.keepdim)
+          out.push_back(1);
       }
       return out;
     }
@@ -126,7 +182,8 @@ std::vector<int64_t> inferShape(OpType op, const ExprAttributes& attrs, const st
       for (size_t i = 0; i < s.size(); ++i) {
         int64_t target = out[dims[i]];
         if (i > 0 && dims[i] <= dims[i - 1]) throw UserError(what + ": broadcast_dims must increase");
-        if (target == -1) result[dims[i]] = s[i];
+        if (target == -1)
+          result[dims[i]] = s[i];
         else if (s[i] != 1 && s[i] != -1 && s[i] != target)
           throw UserError(what + ": " + axisDesc(inputs[0], static_cast<int64_t>(i), s[i]) +
                           " cannot broadcast to extent " + std::to_string(target));
@@ -170,11 +227,25 @@ std::vector<int64_t> inferShape(OpType op, const ExprAttributes& attrs, const st
       for (int64_t d : dims) out.push_back(s[d]);
       return out;
     }
+    case OpType::Slice: return sliceShape(inputs[0], shapes[0], attrs);
+    case OpType::Cat: return catShape(inputs, shapes, attrs);
+    case OpType::StrideOrder: {
+      if (attrs.axes.size() != shapes[0].size())
+        throw UserError(what + ": stride_order has " + std::to_string(attrs.axes.size()) + " entries for rank " +
+                        std::to_string(shapes[0].size()));
+      normalizeAxes(attrs.axes, static_cast<int64_t>(shapes[0].size()), what);
+      return shapes[0];
+    }
     case OpType::Matmul: return matmulShape(inputs, shapes);
     case OpType::Linear: return linearShape(inputs, shapes);
     default: break;
   }
   throw UserError("inferShape: unhandled op " + toString(op));
+}
+
+std::vector<std::vector<int64_t>> inferShapes(const Expr* e, const std::vector<std::vector<int64_t>>& shapes) {
+  if (isAttention(e->op())) return ops::attentionShapes(e->op(), e->inputs(), shapes);
+  return {inferShape(e->op(), e->attrs(), e->inputs(), shapes)};
 }
 
 }  // namespace meshfuse

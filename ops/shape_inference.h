@@ -12,6 +12,9 @@ namespace meshfuse {
 std::vector<int64_t> inferShape(OpType op, const ExprAttributes& attrs, const std::vector<Val*>& inputs,
                                 const std::vector<std::vector<int64_t>>& shapes);
 
+// Every output's shape of `e` (exprs such as sdpfa_fwd have several), from its inputs' shapes.
+std::vector<std::vector<int64_t>> inferShapes(const Expr* e, const std::vector<std::vector<int64_t>>& shapes);
+
 // Normalizes possibly negative axes against `rank`, rejecting duplicates and out-of-range ones.
 std::vector<int64_t> normalizeAxes(const std::vector<int64_t>& axes, int64_t rank, const std::string& what);
 

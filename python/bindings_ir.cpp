@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "ir/ir.h"
+#include "ops/attention.h"
 #include "ops/ops.h"
 #include "python/bindings.h"
 
@@ -186,21 +187,95 @@ void bindFusion(py::module_& m) {
 void bindOps(py::module_& m) {
   py::module_ ops = m.def_submodule("ops", "Ops that append one expression to their operands' fusion");
 
-  const std::pair<const char*, OpType> unary_ops[] = {
-      {"neg", OpType::Neg},         {"abs", OpType::Abs},   {"exp", OpType::Exp},
-      {"log", OpType::Log},         {"sqrt", OpType::Sqrt}, {"relu", OpType::Relu},
-      {"sigmoid", OpType::Sigmoid}, {"tanh", OpType::Tanh}, {"gelu", OpType::Gelu}};
+  const std::pair<const char*, OpType> unary_ops[] = {{"neg", OpType::Neg},
+                                                      {"abs", OpType::Abs},
+                                                      {"exp", OpType::Exp},
+                                                      {"log", OpType::Log},
+                                                      {"sqrt", OpType::Sqrt},
+                                                      {"relu", OpType::Relu},
+                                                      {"sigmoid", OpType::Sigmoid},
+                                                      {"tanh", OpType::Tanh},
+                                                      {"gelu", OpType::Gelu},
+                                                      {"rsqrt", OpType::Rsqrt},
+                                                      {"reciprocal", OpType::Reciprocal},
+                                                      {"erf", OpType::Erf},
+                                                      {"silu", OpType::Silu},
+                                                      {"square", OpType::Square},
+                                                      {"logical_not", OpType::LogicalNot}};
   for (const auto& [name, op] : unary_ops)
     ops.def(
         name, [op = op](TensorView* x) { return toPython(ops::unary(op, x)); }, py::arg("x"));
 
-  const std::pair<const char*, OpType> binary_ops[] = {
-      {"add", OpType::Add},     {"sub", OpType::Sub},     {"mul", OpType::Mul}, {"div", OpType::Div},
-      {"maximum", OpType::Max}, {"minimum", OpType::Min}, {"pow", OpType::Pow}};
+  const std::pair<const char*, OpType> binary_ops[] = {{"add", OpType::Add},
+                                                       {"sub", OpType::Sub},
+                                                       {"mul", OpType::Mul},
+                                                       {"div", OpType::Div},
+                                                       {"maximum", OpType::Max},
+                                                       {"minimum", OpType::Min},
+                                                       {"pow", OpType::Pow},
+                                                       {"lt", OpType::Lt},
+                                                       {"le", OpType::Le},
+                                                       {"gt", OpType::Gt},
+                                                       {"ge", OpType::Ge},
+                                                       {"eq", OpType::Eq},
+                                                       {"ne", OpType::Ne},
+                                                       {"logical_and", OpType::LogicalAnd},
+                                                       {"logical_or", OpType::LogicalOr}};
   for (const auto& [name, op] : binary_ops)
     ops.def(
         name, [op = op](Val* a, Val* b) { return toPython(ops::binary(op, a, b)); }, py::arg("a"), py::arg("b"));
 
+  ops.def(
+      "where", [](Val* c, Val* a, Val* b) { return toPython(ops::where(c, a, b)); }, py::arg("cond"), py::arg("a"),
+      py::arg("b"));
+  ops.def("slice", owned(&ops::slice), py::arg("x"), py::arg("start_indices"), py::arg("end_indices"),
+          py::arg("strides"));
+  ops.def(
+      "cat", [](const std::vector<TensorView*>& tensors, int64_t dim) { return toPython(ops::cat(tensors, dim)); },
+      py::arg("tensors"), py::arg("dim"));
+  ops.def("stride_order", owned(&ops::strideOrder), py::arg("x"), py::arg("stride_order"));
+  ops.def(
+      "full",
+      [](std::vector<int64_t> shape, Val* fill, DataType dtype) {
+        return toPython(ops::full(std::move(shape), fill, dtype));
+      },
+      py::arg("shape"), py::arg("fill_value"), py::arg("dtype"));
+  for (const auto& [name, op] :
+       {std::pair<const char*, OpType>{"uniform", OpType::Uniform}, {"normal", OpType::Normal}})
+    ops.def(
+        name,
+        [op = op](Val* a, Val* b, std::vector<int64_t> shape, DataType dtype, Val* seed, Val* offset) {
+          auto* f = op == OpType::Uniform ? &ops::uniform : &ops::normal;
+          return toPython(f(a, b, std::move(shape), dtype, seed, offset));
+        },
+        py::arg("a"), py::arg("b"), py::arg("shape"), py::arg("dtype"), py::arg("rng_seed") = nullptr,
+        py::arg("rng_offset") = nullptr);
+  ops.def(
+      "var_mean",
+      [](TensorView* x, std::vector<int64_t> dims, int64_t correction, bool keepdim) {
+        auto [var, mean] = ops::varMean(x, std::move(dims), correction, keepdim);
+        return py::make_tuple(toPython(var), toPython(mean));
+      },
+      py::arg("x"), py::arg("dims"), py::arg("correction"), py::arg("keepdim"));
+  ops.def(
+      "sdpfa_fwd",
+      [](TensorView* q, TensorView* k, TensorView* v, Val* dropout_p, Val* is_causal, Val* scale) {
+        ops::SdpaFwdResult r = ops::sdpfaFwd(q, k, v, dropout_p, is_causal, scale);
+        return py::make_tuple(toPython(r.out), toPython(r.log_sumexp), toPython(r.philox_seed),
+                              toPython(r.philox_offset));
+      },
+      py::arg("query"), py::arg("key"), py::arg("value"), py::arg("dropout_p") = nullptr,
+      py::arg("is_causal") = nullptr, py::arg("scale") = nullptr);
+  ops.def(
+      "sdpfa_bwd",
+      [](TensorView* grad_out, TensorView* q, TensorView* k, TensorView* v, TensorView* out, TensorView* lse,
+         Val* dropout_p, Val* is_causal, TensorView* seed, TensorView* offset, Val* scale) {
+        auto g = ops::sdpfaBwd(grad_out, q, k, v, out, lse, dropout_p, is_causal, seed, offset, scale);
+        return py::make_tuple(toPython(g[0]), toPython(g[1]), toPython(g[2]));
+      },
+      py::arg("grad_output"), py::arg("query"), py::arg("key"), py::arg("value"), py::arg("output"),
+      py::arg("log_sumexp"), py::arg("dropout_p"), py::arg("is_causal"), py::arg("philox_seed"),
+      py::arg("philox_offset"), py::arg("scale") = nullptr);
   ops.def("cast", owned(&ops::cast), py::arg("x"), py::arg("dtype"));
   ops.def("set", owned(&ops::set), py::arg("x"));
   const std::pair<const char*, OpType> reductions[] = {

@@ -9,8 +9,10 @@ std::string toString(Segment::Kind kind) {
   switch (kind) {
     case Segment::Kind::Pointwise: return "pointwise";
     case Segment::Kind::Reduction: return "reduction";
+    case Segment::Kind::Normalization: return "normalization";
     case Segment::Kind::Matmul: return "matmul";
     case Segment::Kind::View: return "view";
+    case Segment::Kind::Attention: return "attention";
   }
   return "?";
 }

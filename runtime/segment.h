@@ -12,12 +12,22 @@
 
 namespace meshfuse {
 
+// This rank's block of a sharded tensor: its global shape and where the local block starts.
+struct GlobalBlock {
+  std::vector<int64_t> global_shape, offsets;
+};
+
 struct Segment {
-  enum class Kind : uint8_t { Pointwise, Reduction, Matmul, View };
+  // Normalization: reductions over the same axes with the pointwise ops that feed them and those
+  // that broadcast their results back (LayerNorm, softmax and their backward), run as one kernel.
+  // Attention: one sdpfa_fwd or sdpfa_bwd expr (flash-style CPU kernel, cuDNN on CUDA).
+  enum class Kind : uint8_t { Pointwise, Reduction, Normalization, Matmul, View, Attention };
   Kind kind = Kind::Pointwise;
-  std::vector<const Expr*> exprs;     // in topological order
-  std::vector<Val*> inputs;           // tensors and scalars produced outside the segment
-  std::vector<TensorView*> outputs;   // values used outside the segment (or fusion outputs)
+  std::vector<const Expr*> exprs;    // in topological order
+  std::vector<Val*> inputs;          // tensors and scalars produced outside the segment
+  std::vector<TensorView*> outputs;  // values used outside the segment (or fusion outputs)
+  // Random ops whose output is sharded: the block of the global tensor this rank generates.
+  std::unordered_map<const Val*, GlobalBlock> global_blocks;
   std::string toString() const;
 };
 std::string toString(Segment::Kind kind);
@@ -38,6 +48,9 @@ class SegmentExecutor {
   // Computes every output of `seg` (allocating it on the executor's device) from its inputs.
   virtual void run(const Segment& seg, ValueMap& values, const ShapeMap& shapes) = 0;
   virtual Device device() const = 0;
+  // Waits until the work run() queued has finished (a traced execution times segments with it:
+  // CUDA launches return before their kernels end). CPU segments finish inside run().
+  virtual void synchronize() {}
 };
 
 // Loops (fused, OpenMP over tiles) and OpenBLAS; 16-bit floats are computed in float32.

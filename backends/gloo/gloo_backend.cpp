@@ -18,8 +18,8 @@
 #include "backends/backend_checks.h"
 #include "backends/gloo/gloo_reduce.h"
 #include "backends/gloo/gloo_rendezvous.h"
-#include "backends/gloo/gloo_self_mailbox.h"
 #include "backends/gloo/gloo_work.h"
+#include "backends/self_mailbox.h"
 #include "multidevice/communicator.h"
 
 namespace meshfuse {
@@ -92,7 +92,7 @@ GlooBackend::GlooBackend(Communicator& communicator, const std::vector<int64_t>&
                          std::chrono::milliseconds operation_timeout)
     : Backend(CommunicatorBackend::Gloo, team, communicator.rank()),
       timeout_(operation_timeout),
-      self_(std::make_unique<gloo_backend::SelfMailbox>()),
+      self_(std::make_unique<SelfMailbox>()),
       scratch_(std::make_shared<gloo_backend::ScratchBuffer>()) {
   if (timeout_.count() <= 0) throw std::invalid_argument("GlooBackend: the operation timeout must be positive");
   if (!alone()) context_ = gloo_backend::connectTeam(communicator, team, static_cast<int>(rankInTeam()), timeout_);
@@ -320,14 +320,7 @@ std::unique_ptr<Work> GlooBackend::scatter(const Tensor& input, Tensor& output, 
 }
 
 std::unique_ptr<Work> GlooBackend::allToAll(const Tensor& input, Tensor& output) {
-  const std::string name = "gloo allToAll";
-  checks::tensor(*this, name, "input", input);
-  checks::tensor(*this, name, "output", output);
-  checks::sameDtype(*this, name, "input", input, "output", output);
-  checks::numel(name, "output", output.numel(), input.numel(), "the same as input");
-  if (input.numel() % teamSize() != 0)
-    throw std::invalid_argument(name + ": input has " + std::to_string(input.numel()) +
-                                " elements, not divisible by the team size " + std::to_string(teamSize()));
+  checks::allToAll(*this, "gloo allToAll", input, output);
   if (input.numel() == 0) return completedWork();
   if (alone()) {
     copyFlat(output, input);

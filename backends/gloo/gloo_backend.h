@@ -20,11 +20,11 @@ class Context;
 namespace meshfuse {
 
 class Communicator;
+class SelfMailbox;
 
 namespace gloo_backend {
 class OpQueue;
 class ScratchBuffer;
-class SelfMailbox;
 class Staging;
 }  // namespace gloo_backend
 
@@ -66,7 +66,7 @@ class GlooBackend final : public Backend {
 
   std::chrono::milliseconds timeout_;
   std::shared_ptr<::gloo::Context> context_;  // null for a team of one
-  std::unique_ptr<gloo_backend::SelfMailbox> self_;
+  std::unique_ptr<SelfMailbox> self_;
   std::shared_ptr<gloo_backend::ScratchBuffer> scratch_;  // the worker's
   std::atomic<uint32_t> next_tag_{1};                     // tag 0 was the connecting barrier
   std::unique_ptr<gloo_backend::OpQueue> queue_;          // last: its destructor drains before the rest goes

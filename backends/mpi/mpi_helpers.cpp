@@ -2,7 +2,8 @@
 
 #include <cstdio>
 #include <stdexcept>
-#include <thread>
+
+#include "backends/poll_until.h"
 
 namespace meshfuse::mpi {
 
@@ -21,26 +22,14 @@ bool isFinalized() {
 }
 
 bool pollUntil(std::vector<MPI_Request>& requests, std::chrono::steady_clock::time_point deadline) {
-  using Clock = std::chrono::steady_clock;
-  constexpr auto kSpin = std::chrono::microseconds(100);
-  constexpr auto kYield = std::chrono::milliseconds(200);
-  const auto start = Clock::now();
-  auto nap = std::chrono::microseconds(20);
-  while (true) {
-    int done = 0;
-    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    if (done) return true;
-    const auto now = Clock::now();
-    if (now >= deadline) return false;
-    const auto waited = now - start;
-    if (waited < kSpin) continue;
-    if (waited < kYield) {
-      std::this_thread::yield();
-      continue;
-    }
-    std::this_thread::sleep_for(std::min<Clock::duration>(nap, deadline - now));
-    nap = std::min(nap * 2, std::chrono::microseconds(1000));
-  }
+  return meshfuse::pollUntil(
+      [&] {
+        int done = 0;
+        check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
+              "MPI_Testall");
+        return done != 0;
+      },
+      deadline);
 }
 
 std::string secondsToString(std::chrono::steady_clock::duration d) {

@@ -32,9 +32,7 @@ inline MPI_Comm fromHandle(void* handle) {
 bool isFinalized();
 
 // Tests `requests` until all complete (true) or `deadline` passes (false; the requests stay
-// pending). Spins first (a small message completes in microseconds, and Open MPI's non-blocking
-// collectives only progress inside MPI_Test), then yields, then sleeps, so a rank waiting long
-// for a late peer does not burn a core the peer may need.
+// pending), backing off as backends/poll_until.h says.
 bool pollUntil(std::vector<MPI_Request>& requests, std::chrono::steady_clock::time_point deadline);
 
 // "0.200 s": a wait's length for timeout messages.

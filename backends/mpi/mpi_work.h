@@ -10,22 +10,11 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/op_label.h"
 
 namespace meshfuse::mpi {
 
-// What messages say about an operation. Kept as parts and turned into text only when a message
-// is needed: building strings on every call would cost microseconds per small collective.
-struct OpLabel {
-  const char* op;          // "allreduce"
-  const Backend* backend;  // its team and my place in it (a backend outlives its Works)
-  DataType dtype = DataType::Float;
-  int64_t numel = 0;
-  std::optional<ReduceOp> reduce = std::nullopt;
-  const char* peer_role = nullptr;  // "to root", "from team rank", ...
-  int64_t peer = -1;
-  // "mpi reduce(sum) to root 1 (Float, 53 elements) on team [0, 1] at team rank 0 (world rank 0)"
-  std::string toString() const;
-};
+using OpLabel = meshfuse::OpLabel;
 
 class MpiWork final : public Work {
  public:

@@ -102,6 +102,12 @@ class _Ops:
     sigmoid = _unary("sigmoid")
     tanh = _unary("tanh")
     gelu = _unary("gelu")
+    rsqrt = _unary("rsqrt")
+    reciprocal = _unary("reciprocal")
+    erf = _unary("erf")
+    silu = _unary("silu")
+    square = _unary("square")
+    logical_not = _unary("logical_not")
     add = _binary("add")
     sub = _binary("sub")
     mul = _binary("mul")
@@ -109,7 +115,147 @@ class _Ops:
     maximum = _binary("maximum")
     minimum = _binary("minimum")
     pow = _binary("pow")
+    lt = _binary("lt")
+    le = _binary("le")
+    gt = _binary("gt")
+    ge = _binary("ge")
+    eq = _binary("eq")
+    ne = _binary("ne")
+    logical_and = _binary("logical_and")
+    logical_or = _binary("logical_or")
     del _unary, _binary
+
+    def where(self, cond, a, b):
+        """a where cond is true, else b (numpy broadcasting; a and b may be numbers)."""
+        self._fd._check_mutable("where")
+        if not any(isinstance(v, _C.TensorView) for v in (cond, a, b)):
+            raise ValueError("where: at least one operand must be a TensorView")
+        cond, a, b = (self._operand(v, "where") for v in (cond, a, b))
+        if cond.dtype != DataType.Bool:
+            raise TypeError(f"where: the condition {cond.name} must be Bool, got {cond.dtype.name} "
+                            f"(compare it first, e.g. fd.ops.ne(x, 0))")
+        return _C.ops.where(cond, a, b)
+
+    def _scalar(self, x, op, what):
+        """A number or Scalar of this definition as a Scalar (tensors are refused)."""
+        if isinstance(x, _C.TensorView):
+            raise TypeError(f"{op}: {what} must be a number or Scalar, got TensorView {x.name}")
+        if not isinstance(x, _C.Val) and not is_number(x):
+            raise TypeError(f"{op}: {what} must be a number or Scalar, got {type(x).__name__}")
+        return self._operand(x, op)
+
+    def full(self, shape, fill_value, dtype):
+        """A tensor of `shape` filled with fill_value (a number or Scalar)."""
+        self._fd._check_mutable("full")
+        if not isinstance(dtype, DataType):
+            raise TypeError(f"full: dtype must be a DataType, got {type(dtype).__name__}")
+        return _C.ops.full(_int_list(shape, "full: shape"), self._scalar(fill_value, "full", "fill_value"), dtype)
+
+    def _random(self, name, a, b, shape, dtype, rng_seed, rng_offset, names):
+        self._fd._check_mutable(name)
+        if not isinstance(dtype, DataType):
+            raise TypeError(f"{name}: dtype must be a DataType, got {type(dtype).__name__}")
+        if dtype not in (DataType.Float, DataType.Double, DataType.Half, DataType.BFloat16):
+            raise TypeError(f"{name}: dtype must be floating point, got {dtype.name}")
+        if (rng_seed is None) != (rng_offset is None):
+            raise ValueError(f"{name}: give both rng_seed and rng_offset, or neither")
+        seed = offset = None
+        if rng_seed is not None:
+            seed = self._scalar(rng_seed, name, "rng_seed")
+            offset = self._scalar(rng_offset, name, "rng_offset")
+        return getattr(_C.ops, name)(self._scalar(a, name, names[0]), self._scalar(b, name, names[1]),
+                                     _int_list(shape, f"{name}: shape"), dtype, seed, offset)
+
+    def uniform(self, minval, maxval, shape, dtype=DataType.Float, rng_seed=None, rng_offset=None):
+        """Uniform random numbers in [minval, maxval) (Philox 4x32-10, counter-based): the same
+        (rng_seed, rng_offset) give the same tensor on CPU and CUDA, and a sharded output holds its
+        block of the one global tensor. Without a seed, each execution draws fresh numbers."""
+        return self._random("uniform", minval, maxval, shape, dtype, rng_seed, rng_offset, ("minval", "maxval"))
+
+    def normal(self, mean, std, shape, dtype=DataType.Float, rng_seed=None, rng_offset=None):
+        """Normal random numbers (Box-Muller over Philox 4x32-10); see uniform()."""
+        return self._random("normal", mean, std, shape, dtype, rng_seed, rng_offset, ("mean", "std"))
+
+    def var_mean(self, x, dims, correction=0, keepdim=False):
+        """(variance, mean) of x over `dims`; the variance divides by N - correction."""
+        x = self._tensor(x, "var_mean")
+        if x.dtype not in (DataType.Float, DataType.Double, DataType.Half, DataType.BFloat16):
+            raise TypeError(f"var_mean: {x.name} must be floating point, got {x.dtype.name}")
+        var, mean = _C.ops.var_mean(x, self._axes(dims), int(correction), bool(keepdim))
+        return var, mean
+
+    _FLOATS = (DataType.Float, DataType.Double, DataType.Half, DataType.BFloat16)
+
+    def _attention_tensors(self, op, named):
+        """The tensor operands, checked: TensorViews of this definition, floating point, one dtype."""
+        for what, t in named:
+            self._tensor(t, op, what)
+        first_name, first = named[0]
+        if first.dtype not in self._FLOATS:
+            raise TypeError(f"{op}: {first_name} {first.name} must be floating point, got {first.dtype.name}")
+        for what, t in named[1:]:
+            if t.dtype != first.dtype:
+                raise TypeError(f"{op}: operands must share one dtype: {first_name} {first.name} is "
+                                f"{first.dtype.name} but {what} {t.name} is {t.dtype.name}")
+
+    def _attention_scalars(self, op, dropout_p, is_causal, scale):
+        if dropout_p is not None and is_number(dropout_p):
+            if not 0.0 <= float(dropout_p) < 1.0:
+                raise ValueError(f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
+            dropout_p = self._fd._fusion.new_scalar(DataType.Double, float(dropout_p))
+        if is_causal is not None and is_number(is_causal):
+            is_causal = self._fd._fusion.new_scalar(DataType.Bool, float(bool(is_causal)))
+        if scale is not None and is_number(scale):
+            scale = self._fd._fusion.new_scalar(DataType.Double, float(scale))
+        return tuple(None if x is None else self._scalar(x, op, what)
+                     for x, what in ((dropout_p, "dropout_p"), (is_causal, "is_causal"), (scale, "scale")))
+
+    def sdpfa_fwd(self, query, key, value, dropout_p=None, is_causal=None, scale=None):
+        """Fused attention softmax(q k^T * scale) v (nvFuser's sdpfa_fwd): q [b, h, s_q, d], k [b, h, s_kv, d],
+        v [b, h, s_kv, d_v]. Returns (out [b, h, s_q, d_v], log_sumexp [b, h, s_q] Float, philox_seed,
+        philox_offset), the last two 0-dim Int tensors that make the dropout mask reproducible (the mask
+        keeps element (b, h, i, j) where fd.ops.uniform over [b, h, s_q, s_kv] with that seed and offset
+        is >= dropout_p). Defaults: dropout_p 0, is_causal False (top-left aligned), scale 1/sqrt(d)."""
+        self._attention_tensors("sdpfa_fwd", [("query", query), ("key", key), ("value", value)])
+        dropout_p, is_causal, scale = self._attention_scalars("sdpfa_fwd", dropout_p, is_causal, scale)
+        return _C.ops.sdpfa_fwd(query, key, value, dropout_p, is_causal, scale)
+
+    def sdpfa_bwd(self, grad_output, query, key, value, output, log_sumexp, dropout_p, is_causal, philox_seed,
+                  philox_offset, scale=None):
+        """(grad_query, grad_key, grad_value) of sdpfa_fwd (nvFuser's sdpfa_bwd), from its out, log_sumexp,
+        philox_seed and philox_offset."""
+        op = "sdpfa_bwd"
+        self._attention_tensors(op, [("grad_output", grad_output), ("query", query), ("key", key),
+                                     ("value", value), ("output", output)])
+        for what, t in (("log_sumexp", log_sumexp), ("philox_seed", philox_seed), ("philox_offset", philox_offset)):
+            self._tensor(t, op, what)
+        if log_sumexp.dtype != DataType.Float:
+            raise TypeError(f"{op}: log_sumexp {log_sumexp.name} must be Float, got {log_sumexp.dtype.name}")
+        dropout_p, is_causal, scale = self._attention_scalars(op, dropout_p, is_causal, scale)
+        return _C.ops.sdpfa_bwd(grad_output, query, key, value, output, log_sumexp, dropout_p, is_causal,
+                                philox_seed, philox_offset, scale)
+
+    def slice(self, x, start_indices, end_indices, strides=None):
+        """x[start:end:stride] on every axis (nvFuser's slice)."""
+        x = self._tensor(x, "slice")
+        starts = _int_list(start_indices, "slice: start_indices")
+        ends = _int_list(end_indices, "slice: end_indices")
+        steps = [1] * x.ndim if strides is None else _int_list(strides, "slice: strides")
+        return _C.ops.slice(x, starts, ends, steps)
+
+    def cat(self, tensors, dim):
+        """The tensors joined along `dim` (same dtype, same extents elsewhere)."""
+        self._fd._check_mutable("cat")
+        items = list(tensors)
+        if not items:
+            raise ValueError("cat: needs at least one tensor")
+        for t in items:
+            self._tensor(t, "cat", "tensors[i]")
+        return _C.ops.cat(items, int(dim))
+
+    def stride_order(self, x, stride_order):
+        """A copy of x laid out so that axis i has the stride_order[i]-th smallest stride."""
+        return _C.ops.stride_order(self._tensor(x, "stride_order"), _int_list(stride_order, "stride_order"))
 
     def cast(self, x, dtype):
         if not isinstance(dtype, DataType):
@@ -208,11 +354,14 @@ class FusionDefinition:
             raise ValueError(f"{what}: {val.name} belongs to another FusionDefinition")
 
     # ---- building -----------------------------------------------------------------------------
-    def define_tensor(self, shape, dtype=DataType.Float, contiguity=None):
+    def define_tensor(self, shape, dtype=DataType.Float, contiguity=None, *, stride_order=None, is_cpu=False):
         """An input tensor of global `shape` (-1 = symbolic extent, bound at execution).
 
-        contiguity: None (no promise: any strides), True (row-major contiguous), or one bool per axis
-        (axis i contiguous with the next inner axis)."""
+        contiguity: None (no promise: any strides), True (row-major contiguous), or one bool (or None,
+        nvFuser's mark of a broadcast axis) per axis (axis i contiguous with the next inner axis).
+        stride_order (nvFuser's): axis i has the stride_order[i]-th smallest stride; a layout other
+        than row-major makes no contiguity promise (any strides are accepted). is_cpu is accepted so
+        that definitions exported from nvFuser load unchanged; inputs must share one device."""
         self._check_mutable("define_tensor")
         shape = _int_list(shape, "define_tensor: shape")
         for i, e in enumerate(shape):
@@ -223,10 +372,18 @@ class FusionDefinition:
         if contiguity is None or isinstance(contiguity, bool):
             flags = [bool(contiguity)] * len(shape)
         else:
-            flags = [bool(c) for c in contiguity]
+            flags = [True if c is None else bool(c) for c in contiguity]
             if len(flags) != len(shape):
                 raise ValueError(f"define_tensor: contiguity has {len(flags)} entries for shape {shape} "
                                  f"of {len(shape)} dimensions")
+        if stride_order is not None:
+            order = _int_list(stride_order, "define_tensor: stride_order")
+            if sorted(order) != list(range(len(shape))):
+                raise ValueError(f"define_tensor: stride_order {order} is not a permutation of 0..{len(shape) - 1}")
+            if order != list(range(len(shape) - 1, -1, -1)):
+                flags = [False] * len(shape)
+        if not isinstance(is_cpu, bool):
+            raise TypeError(f"define_tensor: is_cpu must be a bool, got {type(is_cpu).__name__}")
         tv = self._fusion.new_tensor(dtype, shape, flags)
         self._fusion.add_input(tv)
         return tv

@@ -51,8 +51,10 @@ class CpuExecutor final : public SegmentExecutor {
     switch (seg.kind) {
       case Segment::Kind::Pointwise: cpu::runPointwise(seg, values, shapes); return;
       case Segment::Kind::Reduction: cpu::runReduction(seg, values, shapes); return;
+      case Segment::Kind::Normalization: cpu::runNormalization(seg, values, shapes); return;
       case Segment::Kind::Matmul: cpu::runMatmul(seg, values, shapes); return;
       case Segment::Kind::View: cpu::runView(seg, values, shapes); return;
+      case Segment::Kind::Attention: cpu::runAttention(seg, values, shapes); return;
     }
     throw std::logic_error("CPU executor: unknown segment kind");
   }

@@ -7,8 +7,10 @@ namespace meshfuse::cpu {
 
 void runPointwise(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runReduction(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
+void runNormalization(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runMatmul(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runView(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
+void runAttention(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 
 // The bound tensor of `v`, checked to be on the CPU and (when ShapeMap knows `v`) of its shape.
 const Tensor& inputTensor(const ValueMap& values, const ShapeMap& shapes, const Val* v);

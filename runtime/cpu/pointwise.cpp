@@ -3,6 +3,7 @@
 // is loaded into a small buffer (or read in place when it is contiguous, unbroadcast and already
 // of the compute type), each op runs over the buffers, and the outputs are stored with rounding.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 #include "runtime/cpu/pointwise_math.h"
 #include "runtime/cpu/strided_space.h"
 #include "runtime/cpu/tile_io.h"
+#include "runtime/philox.h"
 
 namespace meshfuse::cpu {
 
@@ -30,13 +32,40 @@ struct Operand {
   double scalar = 0;
 };
 
+// Where a random op's elements sit in its global tensor: each program element's index in the op's
+// own local shape, then in the global shape (this rank's block of a sharded tensor).
+struct RandomIndexing {
+  bool identity = true;  // the op's local shape is the program's and the tensor is not sharded
+  std::vector<int64_t> program_shape, own_strides;  // own (local, contiguous) strides over the program
+  std::vector<int64_t> local_shape, global_shape, offsets;
+  uint64_t seed = 0, offset = 0;
+  bool wide = false;  // Double output: 53-bit uniforms
+
+  uint64_t globalIndex(int64_t program_linear) const {
+    if (identity) return static_cast<uint64_t>(program_linear);
+    int64_t own = 0;
+    for (int64_t d = static_cast<int64_t>(program_shape.size()) - 1; d >= 0; --d) {
+      own += (program_linear % program_shape[d]) * own_strides[d];
+      program_linear /= program_shape[d];
+    }
+    uint64_t g = 0, scale = 1;
+    for (int64_t d = static_cast<int64_t>(local_shape.size()) - 1; d >= 0; --d) {
+      g += static_cast<uint64_t>(own % local_shape[d] + offsets[d]) * scale;
+      own /= local_shape[d];
+      scale *= static_cast<uint64_t>(global_shape[d]);
+    }
+    return g;
+  }
+};
+
 struct Step {
   OpType op = OpType::Set;
   DataType cast_to = DataType::Float;  // for Cast, and for rounding a Pow to an integral result
   bool round = false;
-  Operand a, b;
+  Operand a, b, c;
   int out = -1;
-  const Tensor* direct_out = nullptr;  // written straight into this output when it has the compute type
+  const Tensor* direct_out = nullptr;      // written straight into this output when it has the compute type
+  std::shared_ptr<RandomIndexing> random;  // uniform / normal
 };
 
 struct Load {
@@ -72,8 +101,14 @@ bool isIntegerExact(OpType op) {
     case OpType::Abs:
     case OpType::Relu:
     case OpType::Cast:
-    case OpType::Set: return true;
-    default: return false;
+    case OpType::Set:
+    case OpType::Square:
+    case OpType::LogicalNot:
+    case OpType::LogicalAnd:
+    case OpType::LogicalOr:
+    case OpType::Where:
+    case OpType::Full: return true;
+    default: return isComparison(op);
   }
 }
 
@@ -84,7 +119,8 @@ ComputeType chooseComputeType(const std::vector<const Expr*>& exprs) {
   auto visit = [&](const Val* v) {
     if (!v->isTensor()) return;
     DataType d = v->dtype();
-    if (d == DataType::Double || isIntegral(d)) wide = true;
+    // Bools are 0 and 1, exact in float: they do not widen a float computation.
+    if (d == DataType::Double || (isIntegral(d) && d != DataType::Bool)) wide = true;
     if (isFloatingPoint(d)) all_integer = false;
   };
   for (const Expr* e : exprs) {
@@ -103,6 +139,32 @@ DataType storageDtypeOf(ComputeType c) {
     case ComputeType::Int64: return DataType::Int;
   }
   return DataType::Float;
+}
+
+std::shared_ptr<RandomIndexing> randomIndexing(const Segment& seg, const Expr* e, const ValueMap& values,
+                                               const ShapeMap& shapes, const std::vector<int64_t>& program_shape) {
+  auto r = std::make_shared<RandomIndexing>();
+  const auto asCounter = [&](const Val* v, const char* what) {
+    const double x = values.scalar(v);
+    if (!(x >= 0) || x != std::floor(x) || x > 0x1p63)
+      throw std::invalid_argument(toString(e->op()) + ": " + what + " must be a non-negative integer, got " +
+                                  std::to_string(x));
+    return static_cast<uint64_t>(x);
+  };
+  r->seed = asCounter(e->input(2), "rng_seed");
+  r->offset = asCounter(e->input(3), "rng_offset");
+  r->wide = e->out()->dtype() == DataType::Double;
+  r->local_shape = shapeOf(shapes, e->out());
+  r->global_shape = r->local_shape;
+  r->offsets.assign(r->local_shape.size(), 0);
+  if (auto it = seg.global_blocks.find(e->out()); it != seg.global_blocks.end()) {
+    r->global_shape = it->second.global_shape;
+    r->offsets = it->second.offsets;
+  }
+  r->program_shape = program_shape;
+  r->own_strides = broadcastStrides(r->local_shape, contiguousStrides(r->local_shape), program_shape);
+  r->identity = r->local_shape == program_shape && r->global_shape == r->local_shape;
+  return r;
 }
 
 Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs, const ValueMap& values,
@@ -146,8 +208,9 @@ Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs
     Step step;
     step.op = e->op();
     step.cast_to = e->attrs().cast_to;
-    Operand* operands[2] = {&step.a, &step.b};
-    for (size_t i = 0; i < e->inputs().size(); ++i) {
+    Operand* operands[3] = {&step.a, &step.b, &step.c};
+    if (isRandom(e->op())) step.random = randomIndexing(seg, e, values, shapes, p.shape);
+    for (size_t i = 0; i < std::min<size_t>(e->inputs().size(), 3); ++i) {
       const Val* v = e->input(i);
       if (v->isTensor())
         operands[i]->slot = loadSlot(v);
@@ -156,7 +219,7 @@ Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs
     }
     DataType out_dtype = e->out()->dtype();
     step.round = e->op() == OpType::Cast || (e->op() == OpType::Pow && !isFloatingPoint(out_dtype));
-    if (e->op() == OpType::Pow) step.cast_to = out_dtype;
+    if (e->op() == OpType::Pow || isCreation(e->op())) step.cast_to = out_dtype;
     step.out = slot[e->out()] = p.num_slots++;
     p.steps.push_back(step);
   }
@@ -174,16 +237,36 @@ Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs
 }
 
 template <typename T>
-void runStep(const Step& s, const std::vector<const T*>& ptr, T* out, int64_t n) {
+void fillRandom(const Step& s, int64_t start, T* out, int64_t n) {
+  const RandomIndexing& r = *s.random;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t g = r.globalIndex(start + i);
+    const double v = s.op == OpType::Uniform ? philox::uniformAt(g, r.offset, r.seed, s.a.scalar, s.b.scalar, r.wide)
+                                             : philox::normalAt(g, r.offset, r.seed, s.a.scalar, s.b.scalar, r.wide);
+    out[i] = static_cast<T>(v);
+  }
+}
+
+template <typename T>
+void runStep(const Step& s, const std::vector<const T*>& ptr, T* out, int64_t start, int64_t n) {
   auto operand = [&](const Operand& o) {
     return o.slot >= 0 ? TileOperand<T>{ptr[o.slot]} : TileOperand<T>{nullptr, static_cast<T>(o.scalar)};
   };
-  if (isBinary(s.op))
+  if (s.op == OpType::Full)
+    std::fill(out, out + n, static_cast<T>(s.a.scalar));
+  else if (s.random)
+    fillRandom<T>(s, start, out, n);
+  else if (s.op == OpType::Where)
+    applyWhere<T>(operand(s.a), operand(s.b), operand(s.c), out, n);
+  else if (isBinary(s.op))
     applyBinary<T>(s.op, operand(s.a), operand(s.b), out, n);
   else if (s.op == OpType::Cast)
     applyRounding<T>(s.cast_to, ptr[s.a.slot], out, n);
   else
     applyUnary<T>(s.op, ptr[s.a.slot], out, n);
+  // A creation op's value rounded to its dtype first (full(0.1, Half) holds Half's 0.1).
+  if (isCreation(s.op) && s.cast_to != DataType::Float && s.cast_to != DataType::Double)
+    applyRounding<T>(s.cast_to, out, out, n);
   if (s.round && s.op != OpType::Cast) applyRounding<T>(s.cast_to, out, out, n);
 }
 
@@ -215,7 +298,7 @@ void runProgram(const Program& p) {
       }
       for (const Step& s : p.steps) {
         T* out = s.direct_out ? s.direct_out->dataAs<T>() + start : scratch.get() + s.out * kTile;
-        runStep<T>(s, ptr, out, len);
+        runStep<T>(s, ptr, out, start, len);
         ptr[s.out] = out;
       }
       for (const Store& st : p.stores) {

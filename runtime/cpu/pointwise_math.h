@@ -61,6 +61,12 @@ void applyUnary(OpType op, const T* x, T* out, int64_t n) {
       return mapUnary(x, out, n, [](T v) {
         return static_cast<T>(T(0.5) * v * (T(1) + std::erf(v * static_cast<T>(0.70710678118654752440))));
       });
+    case OpType::Rsqrt: return mapUnary(x, out, n, [](T v) { return static_cast<T>(T(1) / std::sqrt(v)); });
+    case OpType::Reciprocal: return mapUnary(x, out, n, [](T v) { return static_cast<T>(T(1) / v); });
+    case OpType::Erf: return mapUnary(x, out, n, [](T v) { return static_cast<T>(std::erf(v)); });
+    case OpType::Silu: return mapUnary(x, out, n, [](T v) { return static_cast<T>(v / (T(1) + std::exp(-v))); });
+    case OpType::Square: return mapUnary(x, out, n, [](T v) { return static_cast<T>(v * v); });
+    case OpType::LogicalNot: return mapUnary(x, out, n, [](T v) { return static_cast<T>(v == T(0)); });
     case OpType::Set: std::memcpy(out, x, static_cast<size_t>(n) * sizeof(T)); return;
     default: break;
   }
@@ -79,9 +85,34 @@ void applyBinary(OpType op, TileOperand<T> a, TileOperand<T> b, T* out, int64_t 
     case OpType::Max: return mapBinary(a, b, out, n, [](T x, T y) { return (x != x || x > y) ? x : y; });
     case OpType::Min: return mapBinary(a, b, out, n, [](T x, T y) { return (x != x || x < y) ? x : y; });
     case OpType::Pow: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(std::pow(x, y)); });
+    // Comparisons and logical ops yield 0 or 1 in T; the Bool result stores them as bytes.
+    case OpType::Lt: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x < y); });
+    case OpType::Le: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x <= y); });
+    case OpType::Gt: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x > y); });
+    case OpType::Ge: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x >= y); });
+    case OpType::Eq: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x == y); });
+    case OpType::Ne: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x != y); });
+    case OpType::LogicalAnd:
+      return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x != T(0) && y != T(0)); });
+    case OpType::LogicalOr:
+      return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x != T(0) || y != T(0)); });
     default: break;
   }
   throw std::logic_error("applyBinary: " + toString(op) + " is not a binary op");
+}
+
+// where(c, a, b) over tiles: c is 0/1 (a loaded Bool) in T; any operand may be a scalar.
+template <typename T>
+void applyWhere(TileOperand<T> c, TileOperand<T> a, TileOperand<T> b, T* __restrict out, int64_t n) {
+  auto at = [](const TileOperand<T>& o, int64_t i) { return o.ptr ? o.ptr[i] : o.scalar; };
+  if (c.ptr && a.ptr && b.ptr) {
+    const T* __restrict pc = c.ptr;
+    const T* __restrict pa = a.ptr;
+    const T* __restrict pb = b.ptr;
+    for (int64_t i = 0; i < n; ++i) out[i] = pc[i] != T(0) ? pa[i] : pb[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = at(c, i) != T(0) ? at(a, i) : at(b, i);
 }
 
 // out[i] = x[i] rounded to `dtype` and read back as T (a cast inside a fused computation).

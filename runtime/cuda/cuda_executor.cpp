@@ -8,13 +8,16 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ops/attention.h"
 #include "ops/shape_inference.h"
+#include "runtime/cuda/attention.h"
 #include "runtime/cuda/matmul.h"
 #include "runtime/cuda/pointwise_kernel.h"
 #include "runtime/cuda/reduction.h"
 #include "runtime/cuda/streams.h"
 #include "runtime/cuda/views.h"
 #include "runtime/segment.h"
+#include "runtime/view_ops.h"
 
 namespace meshfuse {
 
@@ -167,6 +170,7 @@ class SegmentRun {
   }
 
   void runSingle(const Expr& e) {
+    if (isAttention(e.op())) return runAttention(e);
     const std::vector<int64_t> out_shape = shapeOf(e);
     computed_shapes_[e.out()] = out_shape;
     if (isReduction(e.op())) {
@@ -180,10 +184,35 @@ class SegmentRun {
       case OpType::Linear: return runProduct(e, out_shape);
       case OpType::Permute:
       case OpType::BroadcastInDim:
+      case OpType::Slice:
+      case OpType::StrideOrder:
       case OpType::Reshape: bind(e.out(), cuda::applyView(e, tensor(e.input(0)), out_shape)); return;
+      case OpType::Cat: {
+        std::vector<Tensor> parts;
+        for (const Val* v : e.inputs()) parts.push_back(tensor(v));
+        bind(e.out(), concatenate(parts, e.attrs().axes.at(0), out_shape));
+        return;
+      }
       default: break;
     }
     throw std::logic_error("CUDA executor: cannot run " + toString(e.op()) + " in " + seg_.toString());
+  }
+
+  // Fused attention through cuDNN (runtime/cuda/attention.cpp); all of its results at once.
+  void runAttention(const Expr& e) {
+    std::vector<Tensor> operands;
+    for (const Val* v : e.inputs()) operands.push_back(v->isTensor() ? tensor(v) : Tensor());
+    const size_t qi = e.op() == OpType::SdpaFwd ? size_t{ops::sdpa::kQ} : size_t{ops::sdpa::kBwdQ};
+    auto block = seg_.global_blocks.find(e.out());
+    AttentionParams p = attentionParams(
+        e, operands[qi].shape(), operands[qi + 1].shape(), operands[qi + 2].shape(),
+        [&](const Val* s) { return values_.scalar(s); }, block == seg_.global_blocks.end() ? nullptr : &block->second);
+    std::vector<Tensor> results = cuda::runAttention(device_, e, p, operands);
+    for (size_t i = 0; i < results.size(); ++i) {
+      auto* tv = static_cast<const TensorView*>(e.outputs()[i]);
+      computed_shapes_[tv] = results[i].shape();
+      bind(tv, results[i]);
+    }
   }
 
   // Operands of another dtype are converted to the result's; integer products run in fp64
@@ -219,6 +248,7 @@ class CudaExecutor final : public SegmentExecutor {
     SegmentRun(device_, seg, values, shapes).execute();
   }
   Device device() const override { return Device::cuda(device_); }
+  void synchronize() override { cuda::synchronizeStream(device_, cuda::currentStream(device_)); }
 
  private:
   int device_;

@@ -1,5 +1,6 @@
-// View exprs on device tensors: permute and broadcast_in_dim restride the input (no copy); reshape
-// is a view of a contiguous input and a copy (the strided copy kernel) of any other.
+// View exprs on device tensors: permute, broadcast_in_dim and slice restride the input (no copy);
+// reshape is a view of a contiguous input and a copy (the strided copy kernel) of any other;
+// stride_order copies (cat, with several inputs, is runtime/view_ops.h's concatenate).
 #pragma once
 #include <vector>
 

@@ -7,6 +7,10 @@
 //   hang      stays alive but never calls execute (the others must time out and abort the job)
 //   hang2     takes part in a first execute, then never calls the second
 //   mismatch  defines a different program (the consistency check must fail on every rank)
+//   coll_hang takes part in a first execute, then stays out of an allreduce the others post on the
+//             backend directly (no input agreement before it: the backend's own wait must time out)
+//   coll_kill the same, but SIGKILLs itself instead of joining the allreduce
+// argv[2] names the communicator backend (mpi, gloo, ucc; default: auto).
 // With MESHFUSE_ABORT_ON_TIMEOUT=0 a rank that times out catches CommunicationTimeout, prints it
 // and returns 4 (its exit must not hang in MPI_Finalize waiting for the missing rank).
 // Run under mpirun with MESHFUSE_TIMEOUT small: the job must end non-zero within bounded time.
@@ -19,6 +23,7 @@
 #include <string>
 
 #include "host_ir/fusion_executor.h"
+#include "host_ir/timeout_policy.h"
 #include "multidevice/communicator.h"
 #include "ops/ops.h"
 
@@ -56,10 +61,36 @@ bool checkGathered(const Tensor& y, int64_t n) {
   return true;
 }
 
+CommunicatorBackend backendNamed(const std::string& name) {
+  for (CommunicatorBackend b : {CommunicatorBackend::Mpi, CommunicatorBackend::Gloo, CommunicatorBackend::Ucc,
+                                CommunicatorBackend::Nccl, CommunicatorBackend::Cuda})
+    if (toString(b) == name) return b;
+  return CommunicatorBackend::Auto;
+}
+
+// Every rank but the victim allreduces on the backend itself; the victim hangs or dies instead.
+int collectiveWithoutTheVictim(CommunicatorBackend type, int64_t n, bool me, const std::string& mode) {
+  std::vector<int64_t> world(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) world[static_cast<size_t>(i)] = i;
+  Backend& backend = Communicator::instance().backend(type, world);
+  if (me) {
+    std::printf("rank %lld: staying out of the allreduce\n", static_cast<long long>(backend.rankInTeam()));
+    if (mode == "coll_kill") std::raise(SIGKILL);
+    sleep(600);
+    return 0;
+  }
+  Tensor t = Tensor::zeros({1024}, DataType::Float);
+  auto work = backend.allreduce(t, ReduceOp::Sum);
+  withTimeoutPolicy("in a direct allreduce", [&] { work->wait(std::chrono::seconds(5)); });
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "ok";
+  MultiDeviceExecutorParams params;
+  params.lower.communicator_backend = backendNamed(argc > 2 ? argv[2] : "auto");
   Communicator& comm = Communicator::instance();
   const int64_t rank = comm.rank(), n = comm.size();
   const int64_t victim = std::min<int64_t>(2, n - 1);
@@ -68,10 +99,11 @@ int main(int argc, char** argv) {
 
   try {
     FusionExecutorCache fec(allgatherFusion(n, me && mode == "mismatch"));
-    if (mode == "hang2") {
-      if (!checkGathered(fec.execute({shard(rank)})[0], n)) return 2;
+    if (mode == "hang2" || mode.rfind("coll_", 0) == 0) {
+      if (!checkGathered(fec.execute({shard(rank)}, params)[0], n)) return 2;
       std::printf("rank %lld: first execute done\n", static_cast<long long>(rank));
     }
+    if (mode.rfind("coll_", 0) == 0) return collectiveWithoutTheVictim(params.lower.communicator_backend, n, me, mode);
     if (me) {
       if (mode == "exit") std::_Exit(1);
       if (mode == "sigkill") std::raise(SIGKILL);
@@ -82,7 +114,7 @@ int main(int argc, char** argv) {
         return 0;
       }
     }
-    bool ok = checkGathered(fec.execute({shard(rank)})[0], n);
+    bool ok = checkGathered(fec.execute({shard(rank)}, params)[0], n);
     std::printf("rank %lld: execute %s\n", static_cast<long long>(rank), ok ? "matched" : "MISMATCHED");
     return ok ? 0 : 2;
   } catch (const CommunicationTimeout& e) {

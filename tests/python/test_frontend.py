@@ -21,7 +21,7 @@ def test_public_names():
     assert {p.name for p in ParallelType.__members__.values()} == {"serial", "mesh_x", "mesh_y", "mesh_z", "stream"}
     assert {d.name for d in DataType.__members__.values()} == {"Float", "Double", "Half", "BFloat16", "Int", "Int32", "Bool"}
     backends = meshfuse.available_backends()
-    assert CommunicatorBackend.mpi in backends and CommunicatorBackend.ucc not in backends
+    assert CommunicatorBackend.mpi in backends and CommunicatorBackend.auto not in backends
 
 
 def test_context_manager_style(rng):

@@ -134,4 +134,15 @@ inline void expectExact(const Tensor& actual, const std::vector<double>& expecte
   expectValues(actual, expected, {}, what);
 }
 
+// The message of the `E` that `f` throws ("" when it throws nothing; another exception escapes).
+template <typename E, typename F>
+std::string messageOf(F f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace meshfuse::testing

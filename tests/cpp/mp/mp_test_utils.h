@@ -4,12 +4,26 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <vector>
 
 #include "multidevice/communicator.h"
 #include "multidevice/device_mesh.h"
 #include "runtime/tensor.h"
 
 namespace meshfuse::testing {
+
+// The backends that carry host tensors in this build (MESHFUSE_HAVE_GLOO/UCC come from CMake).
+inline std::vector<CommunicatorBackend> hostBackends() {
+  return {
+    CommunicatorBackend::Mpi,
+#if MESHFUSE_HAVE_GLOO
+        CommunicatorBackend::Gloo,
+#endif
+#if MESHFUSE_HAVE_UCC
+        CommunicatorBackend::Ucc,
+#endif
+  };
+}
 
 // The 1-D mesh of every rank of the world, in rank order.
 inline DeviceMesh worldMesh() {

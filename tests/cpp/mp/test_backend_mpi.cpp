@@ -1,4 +1,4 @@
-// The host backends' collectives (MPI, and Gloo where it is built), every operation x every dtype
+// The host backends' collectives (MPI, and Gloo and UCC where they are built), every operation x every dtype
 // x three teams (the world, the world in reverse order, and the ranks of my parity: two sub-teams
 // running at once, or teams of one with 2 ranks). Every rank's contribution comes from a generator
 // seeded by (test, team rank), so each rank recomputes all contributions and checks its result
@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "backend_test_utils.h"
+#include "mp_test_utils.h"
 
 namespace meshfuse {
 namespace {
@@ -171,15 +172,8 @@ std::string paramName(const ::testing::TestParamInfo<Param>& info) {
          kTeams[static_cast<int>(std::get<2>(info.param))];
 }
 
-// The backends that carry host tensors in this build (MESHFUSE_HAVE_GLOO comes from CMake).
-const std::vector<CommunicatorBackend> kHostBackends = {CommunicatorBackend::Mpi,
-#if MESHFUSE_HAVE_GLOO
-                                                        CommunicatorBackend::Gloo
-#endif
-};
-
 INSTANTIATE_TEST_SUITE_P(EveryBackendDtypeAndTeam, BackendCollectives,
-                         ::testing::Combine(::testing::ValuesIn(kHostBackends),
+                         ::testing::Combine(::testing::ValuesIn(hostBackends()),
                                             ::testing::Values(DataType::Float, DataType::Double, DataType::Half,
                                                               DataType::BFloat16, DataType::Int, DataType::Int32,
                                                               DataType::Bool),

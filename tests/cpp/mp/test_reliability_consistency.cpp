@@ -168,5 +168,25 @@ TEST(ProgramConsistency, LoweringFailureOnOneRankRaisesOnEveryRankAtOnce) {
   expectClose(ok.execute({mine})[0], full, 0, "allgather after a lowering failure on one rank");
 }
 
+TEST(ProgramConsistency, RanksAskingForDifferentBackendsRaiseOnEveryRankThenRunOnUcc) {
+  Communicator& comm = Communicator::instance();
+  if (!comm.isAvailable(CommunicatorBackend::Ucc)) GTEST_SKIP() << "UCC is not built";
+  const int64_t n = comm.size(), rank = comm.rank(), last = n - 1;
+  Tensor full = randomTensor({2 * n, 5}, 73);
+  Tensor mine = shardOf(full, 0, n, rank);
+  MultiDeviceExecutorParams on_ucc, mine_choice;
+  on_ucc.lower.communicator_backend = CommunicatorBackend::Ucc;
+  mine_choice.lower.communicator_backend = rank == last ? CommunicatorBackend::Mpi : CommunicatorBackend::Ucc;
+  FusionExecutorCache fec(gatherFusion(n, OpType::Set));
+  if (n > 1) {
+    std::string error = raisedOnThisRank([&] { fec.execute({mine}, mine_choice); });
+    EXPECT_NE(error.find("rank " + std::to_string(last) + " differs from rank 0"), std::string::npos) << error;
+    EXPECT_NE(error.find("rank 0: 'backend ucc'"), std::string::npos) << "the differing backend is named: " << error;
+  }
+  // Nothing was posted on either backend: the same cache then runs on UCC everywhere.
+  auto out = fec.execute({mine}, on_ucc);
+  expectClose(out[0], full, 0, "allgather on ucc after a failed consistency check");
+}
+
 }  // namespace
 }  // namespace meshfuse

@@ -18,7 +18,8 @@ from meshfuse.multidevice import Communicator  # noqa: E402
 from overlap_patterns import ALLGATHER_LINEAR, PATTERNS, OverlapProgram  # noqa: E402
 
 RANK, WORLD = Communicator.instance().rank, Communicator.instance().size
-BACKENDS = [b for b in (CommunicatorBackend.mpi, CommunicatorBackend.gloo) if b in meshfuse.available_backends()]
+BACKENDS = [b for b in (CommunicatorBackend.mpi, CommunicatorBackend.gloo, CommunicatorBackend.ucc)
+            if b in meshfuse.available_backends()]
 CHUNKS = [1, 2, 4, 8]
 # name -> (input/output dtype, dtype the linear and its communication run in, numpy dtype of the inputs)
 DTYPES = {

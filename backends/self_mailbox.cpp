@@ -1,8 +1,8 @@
-#include "backends/gloo/gloo_self_mailbox.h"
+#include "backends/self_mailbox.h"
 
 #include <stdexcept>
 
-namespace meshfuse::gloo_backend {
+namespace meshfuse {
 
 void SelfMailbox::deliver(const Tensor& message, const std::string& send_what, PendingRecv& recv) {
   if (message.dtype() != recv.destination.dtype() || message.numel() != recv.destination.numel()) {
@@ -46,4 +46,4 @@ std::shared_future<void> SelfMailbox::recv(Tensor& tensor, const std::string& wh
   return done;
 }
 
-}  // namespace meshfuse::gloo_backend
+}  // namespace meshfuse

@@ -1,5 +1,6 @@
 // Point-to-point messages a rank sends to itself (a team of one, or a pipeline stage whose next
-// stage includes the same rank). Gloo has no pair to oneself, so they pass through memory: a send
+// stage includes the same rank). Gloo has no pair to oneself and UCC's point-to-point (a broadcast
+// over an active set of two) needs two distinct ranks, so they pass through memory: a send
 // is copied at posting; a receive takes the oldest message, or waits for the next send. Like
 // messages between two ranks, they match in posting order.
 #pragma once
@@ -11,7 +12,7 @@
 
 #include "backends/backend.h"
 
-namespace meshfuse::gloo_backend {
+namespace meshfuse {
 
 class SelfMailbox {
  public:
@@ -33,4 +34,4 @@ class SelfMailbox {
   std::deque<std::unique_ptr<PendingRecv>> receivers_;   // posted, not yet filled
 };
 
-}  // namespace meshfuse::gloo_backend
+}  // namespace meshfuse

@@ -1,0 +1,45 @@
+// A UCC team over a meshfuse team, created collectively by its members. Its out-of-band
+// allgather (UCC's address exchange and team-id agreement) goes through the Communicator's MPI
+// (Communicator::allgatherBytes, which has a deadline): a member that never arrives fails team
+// creation on the others with a CommunicationTimeout instead of a hang.
+#pragma once
+#include <ucc/api/ucc.h>
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <vector>
+
+namespace meshfuse {
+class Communicator;
+}
+
+namespace meshfuse::ucc {
+
+class Team {
+ public:
+  // Blocks until every member has joined, or `timeout` passes (CommunicationTimeout).
+  Team(Communicator& communicator, const std::vector<int64_t>& team, int64_t rank_in_team,
+       std::chrono::milliseconds timeout);
+  // Destroys the UCC team unless the Communicator is broken (a peer may be gone).
+  ~Team();
+  Team(const Team&) = delete;
+  Team& operator=(const Team&) = delete;
+  ucc_team_h handle() const { return team_; }
+
+  // What UCC's OOB callbacks see (ucc_team.cpp).
+  struct Oob {
+    Communicator* communicator;
+    std::vector<int64_t> team;
+    std::chrono::steady_clock::time_point deadline;
+    std::exception_ptr error;  // the first failure of an exchange, rethrown by the constructor
+  };
+
+ private:
+  Communicator& communicator_;
+  std::unique_ptr<Oob> oob_;  // UCC keeps a pointer to it
+  ucc_team_h team_ = nullptr;
+};
+
+}  // namespace meshfuse::ucc

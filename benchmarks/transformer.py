@@ -1,0 +1,264 @@
+"""The transformer layer (meshfuse.models.transformer), forward and backward, against torch on the
+same work, in one table.
+
+CPU, tensor parallel over MPI ranks (one rank per process; torch's side is a Megatron layer with
+manual all_reduce over its gloo process group):
+    mpirun -np 2 /usr/bin/python3 benchmarks/transformer.py --device cpu --hidden 1024 --sequence 512
+GPU, one device (the GPT-3 layer, causal, dropout 0.1), against torch eager and torch.compile:
+    python3 benchmarks/transformer.py --device cuda --batch 1 --sequence 2048 --heads 96 --hidden 12288
+With several GPUs (one rank per GPU) the same command under mpirun runs TP over d = world size.
+
+Times are the median of --iters runs after --warmup, synchronized (a barrier on CPU, the device on
+CUDA); TFLOP/s count the layer's GEMM and attention FLOPs (fwd: 24 b s e^2 + 4 b s^2 e, halved
+for causal attention; bwd: twice the forward's).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from meshfuse import DataType  # noqa: E402
+from meshfuse.models import transformer as tf  # noqa: E402
+from meshfuse.multidevice import Communicator  # noqa: E402
+from meshfuse.torch import TransformerLayer  # noqa: E402
+
+
+def layer_flops(cfg, backward):
+    b, s, e = cfg.batch, cfg.sequence, cfg.hidden
+    attention = 4 * b * s * s * e * (0.5 if cfg.causal else 1.0)
+    forward = 24 * b * s * e * e + attention
+    return 2 * forward if backward else forward
+
+
+class _AllReduce(torch.autograd.Function):
+    """Megatron's g: allreduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        torch.distributed.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _Copy(torch.autograd.Function):
+    """Megatron's f: identity forward, allreduce backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        torch.distributed.all_reduce(grad)
+        return grad
+
+
+def torch_attention(q, k, v, causal, dropout_p=0.0):
+    """F.scaled_dot_product_attention where torch has it (2.0+), else the same in three ops."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        s = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+def torch_layer(x, p, cfg, tp):
+    """The same layer in torch on this rank's shards (Megatron TP when tp > 1)."""
+    b, s, e = x.shape
+    h = cfg.heads // tp
+    keep = 1.0 - cfg.dropout_p
+    ln0 = F.layer_norm(x, (e,), p["ln0_weight"], p["ln0_bias"], cfg.eps)
+    if tp > 1:
+        ln0 = _Copy.apply(ln0)
+    qkv = F.linear(ln0, p["qkv_weight"], p["qkv_bias"]).view(b, s, h, -1)
+    q, k, v = (t.transpose(1, 2) for t in qkv.split(cfg.head_dim, dim=3))
+    o = torch_attention(q, k, v, cfg.causal, cfg.dropout_p if torch.is_grad_enabled() and x.is_cuda else 0.0)
+    attn = F.linear(o.transpose(1, 2).reshape(b, s, -1), p["out_weight"])
+    if tp > 1:
+        attn = _AllReduce.apply(attn)
+    h1 = x + F.dropout(attn + p["out_bias"], cfg.dropout_p) if keep < 1 else x + attn + p["out_bias"]
+    ln1 = F.layer_norm(h1, (e,), p["ln1_weight"], p["ln1_bias"], cfg.eps)
+    if tp > 1:
+        ln1 = _Copy.apply(ln1)
+    fc1 = F.gelu(F.linear(ln1, p["fc1_weight"], p["fc1_bias"]), approximate="tanh")
+    fc2 = F.linear(fc1, p["fc2_weight"])
+    if tp > 1:
+        fc2 = _AllReduce.apply(fc2)
+    return h1 + F.dropout(fc2 + p["fc2_bias"], cfg.dropout_p)
+
+
+def timed(fn, sync, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_cpu(args):
+    comm = Communicator.instance()
+    d, rank = comm.size, comm.rank
+    cfg = tf.TransformerConfig(batch=args.batch, sequence=args.sequence, heads=args.heads, hidden=args.hidden,
+                               dtype=DataType.Float, dropout_p=args.dropout)
+    schedule = "tp" if d > 1 else "none"
+    layer = TransformerLayer(cfg, schedule=schedule)
+    rng = np.random.default_rng(0)
+    x_global = rng.standard_normal((cfg.batch, cfg.sequence, cfg.hidden)).astype(np.float32)
+    x = layer.shard_input(x_global).requires_grad_(True)
+
+    if d > 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=d)
+    params = {n: getattr(layer, n).detach().clone().requires_grad_(True) for n in tf.PARAMETERS}
+    # torch's row-parallel biases are added after the allreduce: replicated, as in meshfuse.
+    for n in ("out_bias", "fc2_bias"):
+        params[n] = torch.from_numpy(layer.initial_parameters(cfg, 0)[n]).requires_grad_(True)
+    xt = torch.from_numpy(x_global).requires_grad_(True)
+
+    def barrier():
+        comm.barrier() if d > 1 else None
+
+    dy = torch.ones(cfg.batch, cfg.sequence, cfg.hidden)
+    rows = []
+    with torch.no_grad():
+        rows.append(("forward", timed(lambda: layer(x), barrier, args.warmup, args.iters),
+                     timed(lambda: torch_layer(xt, params, cfg, d), barrier, args.warmup, args.iters)))
+
+    def mf_step():
+        layer.zero_grad()
+        layer(x).backward(dy)
+
+    def torch_step():
+        for p in params.values():
+            p.grad = None
+        torch_layer(xt, params, cfg, d).backward(dy)
+
+    rows.append(("forward+backward", timed(mf_step, barrier, args.warmup, args.iters),
+                 timed(torch_step, barrier, args.warmup, args.iters)))
+    if rank == 0:
+        print(f"# transformer layer, CPU, {d} rank(s) ({schedule}), b={cfg.batch} s={cfg.sequence} e={cfg.hidden} "
+              f"h={cfg.heads} fp32, threads/rank={torch.get_num_threads()}")
+        print(f"{'pass':<18}{'meshfuse ms':>13}{'torch gloo ms':>15}{'speed-up':>10}{'GFLOP/s mf':>12}")
+        for name, mf, tt in rows:
+            flops = layer_flops(cfg, name != "forward") / d
+            print(f"{name:<18}{mf * 1e3:>13.2f}{tt * 1e3:>15.2f}{tt / mf:>9.2f}x{flops / mf / 1e9:>12.1f}")
+
+
+def trace_breakdown(path):
+    """Milliseconds per segment kind (and communication) in a meshfuse trace."""
+    import json
+    with open(path) as f:
+        events = json.load(f)
+    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    total = {}
+    for ev in events:
+        if ev.get("ph") != "X":
+            continue
+        kind = ev["name"].split()[0] if ev.get("cat") == "compute" else "communication"
+        total[kind] = total.get(kind, 0.0) + ev["dur"] / 1e3
+    return total
+
+
+def run_cuda(args):
+    comm = Communicator.instance()
+    d, rank = comm.size, comm.rank
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    cfg = tf.TransformerConfig(batch=args.batch, sequence=args.sequence, heads=args.heads, hidden=args.hidden,
+                               dtype=DataType.BFloat16, dropout_p=args.dropout)
+    schedule = "tp" if d > 1 else "none"
+    mesh = tf.mesh_for(schedule, d) if d > 1 else None
+    fwd = tf.TransformerForward(cfg, mesh, schedule)
+    bwd = tf.TransformerBackward(cfg, mesh, schedule)
+    gen = torch.Generator().manual_seed(0)
+    shapes = cfg.parameter_shapes()
+    full = {n: (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16) for n, shape in shapes.items()}
+    full["x"] = torch.randn(cfg.batch, cfg.sequence, cfg.hidden, generator=gen).to(torch.bfloat16)
+    ins = [t.cuda() for t in tf.shard_inputs(fwd, full, rank)]
+    outs = dict(zip(tf.FORWARD_OUTPUTS, fwd.execute(ins)))
+    saved = dict(outs, x=ins[0], grad_out=torch.randn_like(outs["out"]),
+                 **{n: t for n, t in zip(tf.PARAMETERS, ins[1:])})
+    bwd_ins = [saved[n] for n in bwd.input_names()]
+    sync = torch.cuda.synchronize
+    mf_fwd = timed(lambda: fwd.execute(ins), sync, args.warmup, args.iters)
+    mf_bwd = timed(lambda: bwd.execute(bwd_ins), sync, args.warmup, args.iters)
+
+    params = {n: full[n].cuda().requires_grad_(True) for n in tf.PARAMETERS}
+    xt = full["x"].cuda().requires_grad_(True)
+    dy = torch.randn_like(xt)
+
+    def step(layer_fn):
+        for p in params.values():
+            p.grad = None
+        layer_fn(xt, params, cfg, d).backward(dy)
+
+    with torch.no_grad():
+        eager_fwd = timed(lambda: torch_layer(xt, params, cfg, d), sync, args.warmup, args.iters)
+    eager_step = timed(lambda: step(torch_layer), sync, args.warmup, args.iters)
+    compiled = torch.compile(torch_layer)
+    with torch.no_grad():
+        comp_fwd = timed(lambda: compiled(xt, params, cfg, d), sync, args.warmup + 2, args.iters)
+    comp_step = timed(lambda: step(compiled), sync, args.warmup + 2, args.iters)
+    trace = os.path.join(args.trace_dir, "transformer_fwd_trace.json")
+    fwd.execute(ins, trace=trace)
+    fwd_parts = trace_breakdown(trace)
+    trace = os.path.join(args.trace_dir, "transformer_bwd_trace.json")
+    bwd.execute(bwd_ins, trace=trace)
+    bwd_parts = trace_breakdown(trace)
+    if rank != 0:
+        return
+    print(f"# transformer layer, {torch.cuda.get_device_name()} x{d} ({schedule}), b={cfg.batch} s={cfg.sequence} "
+          f"e={cfg.hidden} h={cfg.heads} bf16, causal, dropout {cfg.dropout_p}")
+    f_fl, b_fl = layer_flops(cfg, False) / d, layer_flops(cfg, True) / d
+    print(f"{'pass':<22}{'meshfuse ms':>12}{'eager ms':>10}{'compile ms':>12}{'vs eager':>10}{'vs compile':>12}"
+          f"{'mf TFLOP/s':>12}")
+    for name, mf, eager, comp, flops in (("forward", mf_fwd, eager_fwd, comp_fwd, f_fl),
+                                         ("backward", mf_bwd, eager_step - eager_fwd, comp_step - comp_fwd, b_fl),
+                                         ("forward+backward", mf_fwd + mf_bwd, eager_step, comp_step, f_fl + b_fl)):
+        print(f"{name:<22}{mf * 1e3:>12.2f}{eager * 1e3:>10.2f}{comp * 1e3:>12.2f}{eager / mf:>9.2f}x"
+              f"{comp / mf:>11.2f}x{flops / mf / 1e12:>12.1f}")
+    for name, parts in (("forward", fwd_parts), ("backward", bwd_parts)):
+        total = sum(parts.values())
+        desc = ", ".join(f"{k} {v:.2f} ms ({v / total:.0%})" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+        print(f"# {name} by segment kind (synchronized trace): {desc}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--sequence", type=int, default=512)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--trace-dir", default=os.environ.get("OUT", "/tmp"))
+    args = ap.parse_args()
+    if args.device == "cpu":
+        run_cpu(args)
+    else:
+        run_cuda(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+#include "runtime/cpu/attention_kernel.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "runtime/cpu/fast_exp.h"
+#include "runtime/philox.h"
+
+namespace meshfuse::cpu {
+
+namespace {
+
+// Tile extents: a [64, 128] score tile (32 KiB in fp32) and its partners stay in L2 beside the
+// K/V tiles, and the products are large enough for BLAS to run near its peak.
+constexpr int64_t kTileQ = 64;
+constexpr int64_t kTileK = 128;
+
+// C[m, n] = alpha * op(A) @ op(B) + beta * C, row-major.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+
+template <typename T>
+T expOf(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return expNonPositive(x);
+  else
+    return std::exp(x);
+}
+
+// Keys of the tile starting at j0 (of `bk`) that query i sees: all, or those with j <= i (causal).
+int64_t visibleKeys(const AttentionParams& p, int64_t i, int64_t j0, int64_t bk) {
+  return p.causal ? std::clamp<int64_t>(i - j0 + 1, 0, bk) : bk;
+}
+
+// The dropout multipliers of a [bq, bk] tile: 1/(1-p) where the element is kept, else 0. Kept
+// means the element's Philox uniform (fd.ops.uniform's, Float precision) is >= dropout_p.
+template <typename T>
+void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64_t j0, int64_t bq, int64_t bk, T* z) {
+  const float threshold = static_cast<float>(p.dropout_p);
+  const T keep = static_cast<T>(1.0 / (1.0 - p.dropout_p));
+  for (int64_t r = 0; r < bq; ++r) {
+    const uint64_t base = p.dropoutIndex(b, h, i0 + r, j0);
+    for (int64_t c = 0; c < bk; ++c)
+      z[r * bk + c] = philox::unitFloat(philox::generate(base + c, p.offset, p.seed)[0]) >= threshold ? keep : T(0);
+  }
+}
+
+}  // namespace
+
+// head.v == nullptr: only log_sumexp is computed (the Double backward recomputes it exactly).
+template <typename T>
+void attentionForwardHead(const AttentionParams& p, const HeadPointers<T>& head) {
+  const int64_t sq = p.seq_q, skv = p.seq_kv, d = p.head_dim, dv = p.head_dim_v;
+  const bool values = head.v != nullptr;
+  const bool dropout = values && p.dropout_p > 0;
+  const T scale = static_cast<T>(p.scale);
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  std::vector<T> s(kTileQ * kTileK), z(dropout ? kTileQ * kTileK : 0), acc(values ? kTileQ * dv : 0);
+  std::vector<T> m(kTileQ), l(kTileQ);
+  for (int64_t i0 = 0; i0 < sq; i0 += kTileQ) {
+    const int64_t bq = std::min(kTileQ, sq - i0);
+    std::fill(m.begin(), m.end(), kNegInf);
+    std::fill(l.begin(), l.end(), T(0));
+    std::fill(acc.begin(), acc.end(), T(0));
+    // Causal: key tiles past the tile's last query are fully masked and skipped.
+    const int64_t j_end = p.causal ? std::min(skv, i0 + bq) : skv;
+    for (int64_t j0 = 0; j0 < j_end; j0 += kTileK) {
+      const int64_t bk = std::min(kTileK, j_end - j0);
+      gemm(false, true, bq, bk, d, scale, head.q + i0 * d, d, head.k + j0 * d, d, T(0), s.data(), bk);
+      if (dropout) dropoutTile(p, head.b, head.h, i0, j0, bq, bk, z.data());
+      for (int64_t r = 0; r < bq; ++r) {
+        T* row = s.data() + r * bk;
+        const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
+        T mx = m[r];
+        for (int64_t c = 0; c < visible; ++c) mx = std::max(mx, row[c]);
+        if (mx == kNegInf) {  // no key seen yet by this row
+          std::fill(row, row + bk, T(0));
+          continue;
+        }
+        const T alpha = expOf<T>(m[r] - mx);  // rescales what earlier tiles summed
+        T sum = 0;
+        for (int64_t c = 0; c < visible; ++c) {
+          row[c] = expOf<T>(row[c] - mx);
+          sum += row[c];
+        }
+        std::fill(row + visible, row + bk, T(0));
+        l[r] = l[r] * alpha + sum;
+        m[r] = mx;
+        if (!values) continue;
+        if (alpha != T(1))
+          for (int64_t c = 0; c < dv; ++c) acc[r * dv + c] *= alpha;
+        if (dropout)
+          for (int64_t c = 0; c < visible; ++c) row[c] *= z[r * bk + c];
+      }
+      // The normalizer l sums the probabilities before dropout; the values see the dropped ones.
+      if (values) gemm(false, false, bq, dv, bk, T(1), s.data(), bk, head.v + j0 * dv, dv, T(1), acc.data(), dv);
+    }
+    for (int64_t r = 0; r < bq; ++r) {
+      head.lse[i0 + r] = m[r] + std::log(l[r]);
+      if (!values) continue;
+      const T inv = T(1) / l[r];
+      for (int64_t c = 0; c < dv; ++c) head.o[(i0 + r) * dv + c] = acc[r * dv + c] * inv;
+    }
+  }
+}
+
+// Flash-attention-2's backward: for each key tile (its dK, dV rows accumulate in place), the query
+// tiles that see it recompute P = exp(S - lse); D = rowsum(dO * O) stands for rowsum(P * dP).
+template <typename T>
+void attentionBackwardHead(const AttentionParams& p, const HeadPointers<T>& head, const HeadGradPointers<T>& g) {
+  const int64_t sq = p.seq_q, skv = p.seq_kv, d = p.head_dim, dv = p.head_dim_v;
+  const bool dropout = p.dropout_p > 0;
+  const T scale = static_cast<T>(p.scale);
+  std::vector<T> s(kTileQ * kTileK), dp(kTileQ * kTileK), pd(dropout ? kTileQ * kTileK : 0),
+      z(dropout ? kTileQ * kTileK : 0), dsum(sq);
+  for (int64_t i = 0; i < sq; ++i) {
+    T acc = 0;
+    for (int64_t c = 0; c < dv; ++c) acc += g.grad_out[i * dv + c] * g.out[i * dv + c];
+    dsum[i] = acc;
+  }
+  std::fill(g.grad_q, g.grad_q + sq * d, T(0));
+  std::fill(g.grad_k, g.grad_k + skv * d, T(0));
+  std::fill(g.grad_v, g.grad_v + skv * dv, T(0));
+  for (int64_t j0 = 0; j0 < skv; j0 += kTileK) {
+    const int64_t bk = std::min(kTileK, skv - j0);
+    T* dk = g.grad_k + j0 * d;
+    T* dvv = g.grad_v + j0 * dv;
+    // Causal: queries before j0 see none of these keys.
+    for (int64_t i0 = p.causal ? j0 : 0; i0 < sq; i0 += kTileQ) {
+      const int64_t bq = std::min(kTileQ, sq - i0);
+      gemm(false, true, bq, bk, d, scale, head.q + i0 * d, d, head.k + j0 * d, d, T(0), s.data(), bk);
+      for (int64_t r = 0; r < bq; ++r) {
+        T* row = s.data() + r * bk;
+        const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
+        const T lse = head.lse[i0 + r];
+        for (int64_t c = 0; c < visible; ++c) row[c] = expOf<T>(row[c] - lse);
+        std::fill(row + visible, row + bk, T(0));
+      }
+      const T* probs = s.data();
+      if (dropout) {
+        dropoutTile(p, head.b, head.h, i0, j0, bq, bk, z.data());
+        for (int64_t e = 0; e < bq * bk; ++e) pd[e] = s[e] * z[e];
+        probs = pd.data();
+      }
+      gemm(true, false, bk, dv, bq, T(1), probs, bk, g.grad_out + i0 * dv, dv, T(1), dvv, dv);
+      gemm(false, true, bq, bk, dv, T(1), g.grad_out + i0 * dv, dv, head.v + j0 * dv, dv, T(0), dp.data(), bk);
+      for (int64_t r = 0; r < bq; ++r) {
+        const T di = dsum[i0 + r];
+        for (int64_t c = 0; c < bk; ++c) {
+          const int64_t e = r * bk + c;
+          const T dpe = dropout ? dp[e] * z[e] : dp[e];
+          dp[e] = s[e] * (dpe - di);  // dS
+        }
+      }
+      gemm(true, false, bk, d, bq, scale, dp.data(), bk, head.q + i0 * d, d, T(1), dk, d);
+      gemm(false, false, bq, d, bk, scale, dp.data(), bk, head.k + j0 * d, d, T(1), g.grad_q + i0 * d, d);
+    }
+  }
+}
+
+template void attentionForwardHead<float>(const AttentionParams&, const HeadPointers<float>&);
+template void attentionForwardHead<double>(const AttentionParams&, const HeadPointers<double>&);
+template void attentionBackwardHead<float>(const AttentionParams&, const HeadPointers<float>&,
+                                           const HeadGradPointers<float>&);
+template void attentionBackwardHead<double>(const AttentionParams&, const HeadPointers<double>&,
+                                            const HeadGradPointers<double>&);
+
+}  // namespace meshfuse::cpu

@@ -1,0 +1,462 @@
+// Normalization segments on the CPU (LayerNorm, RMSNorm, softmax and their backward): one pass over
+// the rows of the segment's iteration space F (runtime/normalization_plan.h). Per row, every
+// per-element value is a buffer of one row (so the row is read from memory once and stays in
+// cache for the later passes), per-row values are scalars, inner reductions reduce a buffer to a
+// scalar, and outer reductions add the row into per-thread column accumulators. Values that vary
+// only along a row (weights) are computed once before the row loop; those that need an outer
+// reduction's result once after it. Each op is a plain loop over a buffer (pointwise_math.h), which
+// the compiler vectorizes. Rows are split across OpenMP threads.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "runtime/cpu/cpu_kernels.h"
+#include "runtime/cpu/element_traits.h"
+#include "runtime/cpu/pointwise_math.h"
+#include "runtime/cpu/strided_space.h"
+#include "runtime/cpu/tile_io.h"
+#include "runtime/normalization_plan.h"
+
+namespace meshfuse::cpu {
+
+namespace {
+
+using Plan = NormalizationPlan;
+using Varies = Plan::Varies;
+
+constexpr int64_t kParallelThreshold = 1 << 15;  // elements below which one thread does it all
+
+// Where a value lives: a row buffer of each thread, a row scalar of each thread, a column buffer or
+// scalar shared by the threads, or a constant.
+enum class Home : uint8_t { RowBuffer, RowScalar, Column, Shared, Constant };
+
+struct Ref {
+  Home home = Home::Constant;
+  int index = 0;
+  double constant = 0;
+};
+
+enum class Phase : uint8_t { Before, PerRow, After };
+
+// One op of the segment, resolved to homes.
+struct Step {
+  OpType op = OpType::Set;
+  Phase phase = Phase::PerRow;
+  Ref args[3];
+  int nargs = 0;
+  Ref out;
+  DataType round_to = DataType::Float;  // Cast's target
+  bool round = false;
+  bool alias = false;    // broadcast_in_dim: the output is the input
+  int accumulator = -1;  // outer reductions: which column accumulator
+  double scale = 1;      // Mean: 1 / count
+};
+
+// A tensor read from or written to memory, walked over F: its strides along F's axes.
+struct Port {
+  const Val* val = nullptr;
+  const Tensor* tensor = nullptr;
+  Ref ref;
+  Varies varies = Varies::Nothing;
+  std::vector<int64_t> outer_strides;  // along F's outer axes
+  StridedSpace inner;                  // F's inner axes, coalesced
+  bool contiguous_row = false;         // inner is one axis of stride 1
+  Phase phase = Phase::PerRow;
+  bool every_row = false;  // an After-phase output repeated over the rows (broadcast back)
+};
+
+template <typename T>
+struct Kernel {
+  const Plan& plan;
+  std::vector<Step> steps;
+  std::vector<Port> loads, stores;
+  int row_buffers = 0, row_scalars = 0, columns = 0, shared = 0, accumulators = 0;
+  std::vector<int> accumulator_column;  // the column each accumulator finalizes into
+  std::vector<bool> accumulator_max;
+
+  explicit Kernel(const Plan& p) : plan(p) {}
+};
+
+// F strides of tensor `t` holding value `v` (lined up with F by the plan).
+void portStrides(const Plan& plan, const Plan::Value& info, const Tensor& t, Port& port) {
+  const int rank = static_cast<int>(plan.full_shape.size());
+  std::vector<int64_t> f_strides(rank, 0);
+  for (size_t i = 0; i < info.axes.size(); ++i)
+    if (t.size(static_cast<int64_t>(i)) != 1) f_strides[info.axes[i]] = t.strides()[i];
+  port.outer_strides.assign(f_strides.begin(), f_strides.begin() + plan.split);
+  port.inner.shape.assign(plan.full_shape.begin() + plan.split, plan.full_shape.end());
+  port.inner.strides = {std::vector<int64_t>(f_strides.begin() + plan.split, f_strides.end())};
+  port.inner.coalesce();
+  port.contiguous_row = port.inner.rank() == 1 && port.inner.strides[0][0] == 1;
+}
+
+Phase phaseOf(const Plan::Value& v) {
+  if (v.after_outer_reduction) return Phase::After;
+  return v.varies == Varies::PerElement || v.varies == Varies::PerRow ? Phase::PerRow : Phase::Before;
+}
+
+Port makePort(const Plan& plan, const Val* v, const Tensor& t) {
+  Port port;
+  port.val = v;
+  port.tensor = &t;
+  const Plan::Value& info = plan.value(v);
+  port.varies = info.varies;
+  port.phase = phaseOf(info);
+  portStrides(plan, info, t, port);
+  return port;
+}
+
+template <typename T>
+Kernel<T> buildKernel(const Segment& seg, const Plan& plan, ValueMap& values, const ShapeMap& shapes) {
+  Kernel<T> k(plan);
+  std::unordered_map<const Val*, Ref> home;
+  auto place = [&](const Val* v) {
+    const Plan::Value& info = plan.value(v);
+    Ref r;
+    const Phase phase = phaseOf(info);
+    if (phase == Phase::PerRow) {
+      r.home = info.varies == Varies::PerElement ? Home::RowBuffer : Home::RowScalar;
+      r.index = r.home == Home::RowBuffer ? k.row_buffers++ : k.row_scalars++;
+    } else {
+      r.home = info.varies == Varies::PerColumn ? Home::Column : Home::Shared;
+      r.index = r.home == Home::Column ? k.columns++ : k.shared++;
+    }
+    return home[v] = r;
+  };
+  auto refOf = [&](const Val* v) -> Ref {
+    if (!v->isTensor()) {
+      Ref r;
+      r.constant = values.scalar(v);
+      return r;
+    }
+    if (auto it = home.find(v); it != home.end()) return it->second;
+    Port port = makePort(plan, v, inputTensor(values, shapes, v));  // a segment input: loaded where it varies
+    port.ref = place(v);
+    k.loads.push_back(port);
+    return port.ref;
+  };
+  for (const Expr* e : seg.exprs) {
+    Step s;
+    s.op = e->op();
+    const Plan::Value& info = plan.value(e->out());
+    s.phase = phaseOf(info);
+    for (const Val* in : e->inputs()) {
+      if (s.nargs == 3) break;
+      s.args[s.nargs++] = refOf(in);
+    }
+    if (e->op() == OpType::BroadcastInDim) {
+      s.alias = true;
+      home[e->out()] = s.args[0];
+      continue;  // nothing to compute
+    }
+    if (e->op() == OpType::Cast) {
+      s.round = true;
+      s.round_to = e->attrs().cast_to;
+    }
+    if (isCreation(e->op())) {
+      s.round = true;
+      s.round_to = e->out()->dtype();
+    }
+    s.out = place(e->out());
+    if (isReduction(e->op())) {
+      const bool outer = info.after_outer_reduction;
+      const int64_t count = outer ? plan.rows : plan.row_length;
+      s.scale = e->op() == OpType::Mean ? 1.0 / static_cast<double>(count) : 1.0;
+      if (outer) {
+        s.phase = Phase::PerRow;  // accumulates per row; finalized after the loop
+        s.accumulator = k.accumulators++;
+        k.accumulator_column.push_back(s.out.index);
+        k.accumulator_max.push_back(e->op() == OpType::ReduceMax);
+      }
+    }
+    k.steps.push_back(s);
+  }
+  for (TensorView* out : seg.outputs) {
+    Port port = makePort(plan, out, allocateOutput(values, shapes, out));
+    port.ref = refOf(out);
+    // Stored in the phase that computes it, unless it repeats over rows (an expanded value).
+    const bool repeats =
+        std::any_of(port.outer_strides.begin(), port.outer_strides.end(), [](int64_t st) { return st != 0; });
+    if (port.phase == Phase::Before && repeats) port.phase = Phase::PerRow;
+    port.every_row = port.phase == Phase::After && repeats;
+    k.stores.push_back(port);
+  }
+  return k;
+}
+
+// The buffers and scalars of one thread (row homes) and the shared ones.
+template <typename T>
+struct Frame {
+  std::vector<std::unique_ptr<T[]>> row_buffers;
+  std::vector<const T*> row_ptr;  // a row buffer, or an input's memory read in place
+  std::vector<T> row_scalars;
+  std::vector<std::vector<double>> accumulators;
+};
+
+template <typename T>
+struct Shared {
+  std::vector<std::vector<T>> columns;
+  std::vector<T> scalars;
+};
+
+template <typename T>
+class Runner {
+ public:
+  explicit Runner(const Kernel<T>& k) : k_(k), n_(k.plan.row_length) {
+    shared_.columns.assign(k.columns, std::vector<T>(static_cast<size_t>(n_)));
+    shared_.scalars.assign(k.shared, T(0));
+  }
+
+  void run() {
+    Frame<T> setup = newFrame();
+    runPhase(Phase::Before, setup, 0);
+    const int64_t rows = k_.plan.rows;
+    const bool parallel = rows > 1 && rows * n_ >= kParallelThreshold;
+    const int threads = parallel ? omp_get_max_threads() : 1;
+    std::vector<Frame<T>> frames(threads);
+#pragma omp parallel num_threads(threads) if (parallel)
+    {
+      Frame<T>& f = frames[omp_get_thread_num()];
+      f = newFrame();
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < rows; ++row) runPhase(Phase::PerRow, f, row);
+    }
+    finishOuterReductions(frames);
+    runPhase(Phase::After, setup, 0);
+  }
+
+ private:
+  Frame<T> newFrame() const {
+    Frame<T> f;
+    for (int i = 0; i < k_.row_buffers; ++i)
+      f.row_buffers.emplace_back(new T[static_cast<size_t>(std::max<int64_t>(n_, 1))]);
+    f.row_ptr.resize(k_.row_buffers);
+    for (int i = 0; i < k_.row_buffers; ++i) f.row_ptr[i] = f.row_buffers[i].get();
+    f.row_scalars.assign(k_.row_scalars, T(0));
+    for (size_t a = 0; a < k_.accumulator_max.size(); ++a)
+      f.accumulators.emplace_back(static_cast<size_t>(n_),
+                                  k_.accumulator_max[a] ? -std::numeric_limits<double>::infinity() : 0.0);
+    return f;
+  }
+
+  // Offset (elements) of `row` in a port's tensor.
+  int64_t rowOffset(const Port& p, int64_t row) const {
+    int64_t off = 0;
+    for (int64_t d = k_.plan.split - 1; d >= 0; --d) {
+      const int64_t extent = k_.plan.full_shape[d];
+      off += (row % extent) * p.outer_strides[d];
+      row /= extent;
+    }
+    return off;
+  }
+
+  T scalarOf(const Ref& r, const Frame<T>& f) const {
+    switch (r.home) {
+      case Home::RowScalar: return f.row_scalars[r.index];
+      case Home::Shared: return shared_.scalars[r.index];
+      case Home::Constant: return static_cast<T>(r.constant);
+      default: throw std::logic_error("normalization: a buffer where a scalar is expected");
+    }
+  }
+  bool isBuffer(const Ref& r) const { return r.home == Home::RowBuffer || r.home == Home::Column; }
+  const T* bufferOf(const Ref& r, const Frame<T>& f) const {
+    return r.home == Home::RowBuffer ? f.row_ptr[r.index] : shared_.columns[r.index].data();
+  }
+  T* writable(const Ref& r, Frame<T>& f) {
+    if (r.home == Home::RowBuffer) {
+      f.row_ptr[r.index] = f.row_buffers[r.index].get();
+      return f.row_buffers[r.index].get();
+    }
+    return shared_.columns[r.index].data();
+  }
+  T& scalarSlot(const Ref& r, Frame<T>& f) {
+    return r.home == Home::RowScalar ? f.row_scalars[r.index] : shared_.scalars[r.index];
+  }
+  TileOperand<T> operand(const Ref& r, const Frame<T>& f) const {
+    return isBuffer(r) ? TileOperand<T>{bufferOf(r, f)} : TileOperand<T>{nullptr, scalarOf(r, f)};
+  }
+
+  void load(const Port& p, Frame<T>& f, int64_t row) {
+    const int64_t base = rowOffset(p, row);
+    dispatchStorage(p.tensor->dtype(), [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      const S* data = p.tensor->dataAs<const S>() + base;
+      if (!isBuffer(p.ref)) {
+        scalarSlot(p.ref, f) = Elem<S>::template load<T>(data[0]);
+        return;
+      }
+      if constexpr (std::is_same_v<S, T>) {
+        if (p.contiguous_row && p.ref.home == Home::RowBuffer) {
+          f.row_ptr[p.ref.index] = data;  // read in place
+          return;
+        }
+      }
+      gatherTile<S, T>(data, p.inner.shape, p.inner.strides[0], 0, n_, writable(p.ref, f));
+    });
+  }
+
+  void store(const Port& p, Frame<T>& f, int64_t row) {
+    const int64_t base = rowOffset(p, row);
+    dispatchStorage(p.tensor->dtype(), [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      S* data = p.tensor->dataAs<S>() + base;
+      if (!isBuffer(p.ref)) {  // one value per row, repeated over the row where the output is expanded
+        const S v = Elem<S>::template store<T>(scalarOf(p.ref, f));
+        forEachInner(p, [&](int64_t, int64_t off) { data[off] = v; });
+        return;
+      }
+      const T* src = bufferOf(p.ref, f);
+      if (p.contiguous_row) {
+        storeTile<S, T>(src, data, n_);
+        return;
+      }
+      forEachInner(p, [&](int64_t j, int64_t off) { data[off] = Elem<S>::template store<T>(src[j]); });
+    });
+  }
+
+  // f(j, offset) for each element j of a row and its offset in the port's tensor.
+  template <typename F>
+  void forEachInner(const Port& p, F fn) const {
+    const StridedSpace& s = p.inner;
+    if (s.rank() == 0) {
+      fn(0, 0);
+      return;
+    }
+    std::vector<int64_t> index, offsets;
+    for (int64_t j = 0; j < n_; ++j) {
+      s.locate(j, index, offsets);
+      fn(j, offsets[0]);
+    }
+  }
+
+  void step(const Step& s, Frame<T>& f) {
+    if (s.accumulator >= 0) return accumulate(s, f);
+    if (isReduction(s.op)) return reduceRow(s, f);
+    const bool buffer = isBuffer(s.out);
+    const int64_t n = buffer ? n_ : 1;
+    T scalar_out = T(0);
+    T* out = buffer ? writable(s.out, f) : &scalar_out;
+    // Scalar steps run the same element functions on one-element operands.
+    T one[3];
+    TileOperand<T> ops[3];
+    for (int i = 0; i < s.nargs; ++i) {
+      ops[i] = operand(s.args[i], f);
+      if (!buffer && !ops[i].ptr) {
+        one[i] = ops[i].scalar;
+        ops[i].ptr = &one[i];
+      }
+    }
+    auto pointer = [&](int i) {  // unary ops read a buffer: a scalar operand is spread first
+      if (ops[i].ptr) return ops[i].ptr;
+      std::fill(out, out + n, ops[i].scalar);
+      return static_cast<const T*>(out);
+    };
+    if (s.op == OpType::Full)
+      std::fill(out, out + n, static_cast<T>(s.args[0].constant));
+    else if (s.op == OpType::Where)
+      applyWhere<T>(ops[0], ops[1], ops[2], out, n);
+    else if (isBinary(s.op))
+      applyBinary<T>(s.op, ops[0], ops[1], out, n);
+    else if (s.op == OpType::Cast)
+      applyRounding<T>(s.round_to, pointer(0), out, n);
+    else
+      applyUnary<T>(s.op, pointer(0), out, n);
+    if (s.round && s.op != OpType::Cast) applyRounding<T>(s.round_to, out, out, n);
+    if (!buffer) scalarSlot(s.out, f) = scalar_out;
+  }
+
+  void reduceRow(const Step& s, Frame<T>& f) {
+    const T* x = bufferOf(s.args[0], f);
+    double acc;
+    if (s.op == OpType::ReduceMax) {
+      T m = -std::numeric_limits<T>::infinity();
+      bool nan = false;
+      for (int64_t j = 0; j < n_; ++j) {
+        nan = nan || x[j] != x[j];
+        m = x[j] > m ? x[j] : m;
+      }
+      acc = nan ? std::numeric_limits<double>::quiet_NaN() : static_cast<double>(m);
+    } else {
+      double sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < n_; ++j) sum += static_cast<double>(x[j]);
+      acc = sum * s.scale;
+    }
+    scalarSlot(s.out, f) = static_cast<T>(acc);
+  }
+
+  void accumulate(const Step& s, Frame<T>& f) {
+    double* acc = f.accumulators[s.accumulator].data();
+    const Ref& in = s.args[0];
+    if (!isBuffer(in)) throw std::logic_error("normalization: outer reduction of a scalar");
+    const T* x = bufferOf(in, f);
+    if (s.op == OpType::ReduceMax) {
+      for (int64_t j = 0; j < n_; ++j) {
+        const double v = static_cast<double>(x[j]);
+        acc[j] = (acc[j] != acc[j] || acc[j] > v) ? acc[j] : v;
+      }
+    } else {
+      for (int64_t j = 0; j < n_; ++j) acc[j] += static_cast<double>(x[j]);
+    }
+  }
+
+  void finishOuterReductions(const std::vector<Frame<T>>& frames) {
+    for (const Step& s : k_.steps) {
+      if (s.accumulator < 0) continue;
+      T* col = shared_.columns[s.out.index].data();
+      const bool is_max = s.op == OpType::ReduceMax;
+      for (int64_t j = 0; j < n_; ++j) {
+        double acc = is_max ? -std::numeric_limits<double>::infinity() : 0.0;
+        for (const Frame<T>& f : frames) {
+          if (f.accumulators.empty()) continue;  // a thread that got no rows
+          const double v = f.accumulators[s.accumulator][j];
+          acc = is_max ? ((acc != acc || acc > v) ? acc : v) : acc + v;
+        }
+        col[j] = static_cast<T>(is_max ? acc : acc * s.scale);
+      }
+    }
+  }
+
+  void runPhase(Phase phase, Frame<T>& f, int64_t row) {
+    for (const Port& p : k_.loads)
+      if (p.phase == phase) load(p, f, row);
+    for (const Step& s : k_.steps)
+      if (s.phase == phase) step(s, f);
+    for (const Port& p : k_.stores) {
+      if (p.phase != phase) continue;
+      if (!p.every_row) {
+        store(p, f, row);
+        continue;
+      }
+      for (int64_t r = 0; r < k_.plan.rows; ++r) store(p, f, r);
+    }
+  }
+
+  const Kernel<T>& k_;
+  const int64_t n_;
+  Shared<T> shared_;
+};
+
+}  // namespace
+
+void runNormalization(const Segment& seg, ValueMap& values, const ShapeMap& shapes) {
+  std::string why;
+  auto plan = planNormalization(seg.exprs, shapes, &why);
+  if (!plan) throw std::logic_error("CPU normalization: " + seg.toString() + " is not a normalization segment: " + why);
+  bool wide = false;
+  for (const auto& [v, info] : plan->values) wide = wide || v->dtype() == DataType::Double;
+  if (wide) {
+    Kernel<double> k = buildKernel<double>(seg, *plan, values, shapes);
+    Runner<double>(k).run();
+  } else {
+    Kernel<float> k = buildKernel<float>(seg, *plan, values, shapes);
+    Runner<float>(k).run();
+  }
+}
+
+}  // namespace meshfuse::cpu

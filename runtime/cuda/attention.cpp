@@ -1,0 +1,253 @@
+// sdpfa_fwd / sdpfa_bwd on CUDA: cuDNN's fused flash attention built through the cuDNN frontend's
+// graph API. One graph (with its execution plan) is built per (device, direction, dtype, shapes,
+// causal, scale, dropout on/off) and cached; its workspace comes from meshfuse's caching allocator
+// and it runs on the device's current stream (the segment's). Dropout takes meshfuse's Philox mask
+// as an input (dropout_mask.h says why), so CPU and CUDA drop the same elements.
+#include "runtime/cuda/attention.h"
+
+#include <stdexcept>
+
+#include "ops/attention.h"
+
+#if MESHFUSE_HAVE_CUDNN
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include "runtime/cuda/dropout_mask.h"
+#include "runtime/cuda/streams.h"
+#endif
+
+namespace meshfuse::cuda {
+
+namespace {
+
+// Checks that no cuDNN is needed to make: dtype and head dims cuDNN's fused kernels take.
+void checkSupported(const Expr& e, const AttentionParams& p, DataType dtype) {
+  const std::string op = toString(e.op());
+  if (dtype != DataType::Half && dtype != DataType::BFloat16)
+    throw UserError(op + " on CUDA (cuDNN fused attention) takes Half or BFloat16 tensors, got " + toString(dtype) +
+                    ": cast q, k, v (fd.ops.cast) or run on CPU tensors");
+  for (int64_t d : {p.head_dim, p.head_dim_v})
+    if (d % 8 != 0 || d > 128 || d <= 0)
+      throw UserError(op + " on CUDA (cuDNN fused attention): head dim " + std::to_string(d) +
+                      " is not supported; supported head dims are multiples of 8 up to 128 (other head dims run on "
+                      "CPU tensors)");
+}
+
+}  // namespace
+
+#if !MESHFUSE_HAVE_CUDNN
+
+bool haveCudnnAttention() { return false; }
+
+std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, const std::vector<Tensor>& tensors) {
+  throw UserError(toString(e.op()) +
+                  " on CUDA tensors needs cuDNN, and this build of meshfuse has none: rebuild with cuDNN 9 "
+                  "(cudnn.h and libcudnn from the CUDA toolkit or CUDNN_ROOT) and the cuDNN frontend headers "
+                  "(pip install nvidia-cudnn-frontend), or run attention on CPU tensors");
+}
+
+#else
+
+bool haveCudnnAttention() { return true; }
+
+namespace {
+
+namespace fe = cudnn_frontend;
+using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+void check(fe::error_t status, const std::string& what) {
+  if (status.is_bad()) throw std::runtime_error("cuDNN attention: " + what + " failed: " + status.get_message());
+}
+
+// One cuDNN handle per device, bound to the stream of each call.
+cudnnHandle_t handleFor(int device) {
+  static std::mutex mu;
+  static std::unordered_map<int, cudnnHandle_t> handles;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  cudnnHandle_t h = nullptr;
+  if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS)
+    throw std::runtime_error("cuDNN attention: cudnnCreate failed on cuda:" + std::to_string(device) +
+                             " (cuDNN library version " + std::to_string(cudnnGetVersion()) + ")");
+  return handles[device] = h;
+}
+
+// A built graph and the tensors its variant pack names.
+struct Built {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::map<std::string, TensorAttr> tensors;
+  int64_t workspace = 0;
+};
+
+using Key = std::tuple<int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, bool>;
+
+std::vector<int64_t> rowMajor(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> strides(dims.size(), 1);
+  for (size_t i = dims.size() - 1; i-- > 0;) strides[i] = strides[i + 1] * dims[i + 1];
+  return strides;
+}
+
+TensorAttr tensor(Built& b, const std::string& name, const std::vector<int64_t>& dims, fe::DataType_t dtype) {
+  auto t = b.graph->tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_dim(dims).set_stride(rowMajor(dims)).set_data_type(dtype));
+  b.tensors[name] = t;
+  return t;
+}
+
+TensorAttr byValue(Built& b, const std::string& name) {
+  auto t = b.graph->tensor(fe::graph::Tensor_attributes()
+                               .set_name(name)
+                               .set_dim({1, 1, 1, 1})
+                               .set_stride({1, 1, 1, 1})
+                               .set_is_pass_by_value(true)
+                               .set_data_type(fe::DataType_t::FLOAT));
+  b.tensors[name] = t;
+  return t;
+}
+
+void output(Built& b, const std::string& name, const TensorAttr& t, const std::vector<int64_t>& dims,
+            fe::DataType_t dtype) {
+  t->set_output(true).set_name(name).set_dim(dims).set_stride(rowMajor(dims)).set_data_type(dtype);
+  b.tensors[name] = t;
+}
+
+std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const AttentionParams& p, DataType dtype) {
+  auto b = std::make_shared<Built>();
+  b->graph = std::make_shared<fe::graph::Graph>();
+  const fe::DataType_t io = dtype == DataType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+  b->graph->set_io_data_type(io)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const std::vector<int64_t> qd{p.batch, p.heads, p.seq_q, p.head_dim}, kd{p.batch, p.heads, p.seq_kv, p.head_dim},
+      vd{p.batch, p.heads, p.seq_kv, p.head_dim_v}, od{p.batch, p.heads, p.seq_q, p.head_dim_v},
+      sd{p.batch, p.heads, p.seq_q, 1}, md{p.batch, p.heads, p.seq_q, p.seq_kv};
+  auto q = tensor(*b, "q", qd, io), k = tensor(*b, "k", kd, io), v = tensor(*b, "v", vd, io);
+  const bool dropout = p.dropout_p > 0;
+  if (forward) {
+    auto attrs = fe::graph::SDPA_attributes()
+                     .set_name("sdpfa_fwd")
+                     .set_generate_stats(true)
+                     .set_causal_mask(p.causal)
+                     .set_attn_scale(static_cast<float>(p.scale));
+    if (dropout) attrs.set_dropout(tensor(*b, "mask", md, io), byValue(*b, "dropout_scale"));
+    auto [o, stats] = b->graph->sdpa(q, k, v, attrs);
+    output(*b, "o", o, od, io);
+    output(*b, "stats", stats, sd, fe::DataType_t::FLOAT);
+  } else {
+    auto o = tensor(*b, "o", od, io), dO = tensor(*b, "dO", od, io);
+    auto stats = tensor(*b, "stats", sd, fe::DataType_t::FLOAT);
+    auto attrs = fe::graph::SDPA_backward_attributes()
+                     .set_name("sdpfa_bwd")
+                     .set_causal_mask(p.causal)
+                     .set_attn_scale(static_cast<float>(p.scale));
+    if (dropout)
+      attrs.set_dropout(tensor(*b, "mask", md, io), byValue(*b, "dropout_scale"),
+                        byValue(*b, "dropout_scale_inv"));
+    auto [dq, dk, dv] = b->graph->sdpa_backward(q, k, v, o, dO, stats, attrs);
+    output(*b, "dq", dq, qd, io);
+    output(*b, "dk", dk, kd, io);
+    output(*b, "dv", dv, vd, io);
+  }
+  check(b->graph->validate(), "validate");
+  check(b->graph->build_operation_graph(handle), "build_operation_graph");
+  check(b->graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+  check(b->graph->check_support(handle), "check_support");
+  check(b->graph->build_plans(handle), "build_plans");
+  check(b->graph->get_workspace_size(b->workspace), "get_workspace_size");
+  return b;
+}
+
+std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionParams& p, DataType dtype) {
+  static std::mutex mu;
+  static std::map<Key, std::shared_ptr<Built>> cache;
+  const Key key{device,     forward,    static_cast<int>(dtype), p.batch,  p.heads, p.seq_q,
+                p.seq_kv,   p.head_dim, p.head_dim_v,            p.causal, p.scale, p.dropout_p > 0};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  auto built = build(handleFor(device), forward, p, dtype);
+  cache.emplace(key, built);
+  return built;
+}
+
+int64_t readScalar(const Tensor& t) { return t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0]; }
+
+Tensor scalarTensor(int64_t value, int device) {
+  Tensor t = Tensor::empty({}, DataType::Int);
+  t.dataAs<int64_t>()[0] = value;
+  return t.to(Device::cuda(device));
+}
+
+}  // namespace
+
+std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, const std::vector<Tensor>& tensors) {
+  using namespace ops::sdpa;
+  const bool forward = e.op() == OpType::SdpaFwd;
+  const DataType dtype = tensors[forward ? size_t{kQ} : size_t{kBwdQ}].dtype();
+  checkSupported(e, p, dtype);
+  if (!forward) {
+    p.seed = static_cast<uint64_t>(readScalar(tensors[kBwdSeed]));
+    p.offset = static_cast<uint64_t>(readScalar(tensors[kBwdOffset]));
+  }
+  DeviceGuard guard(device);
+  const Device dev = Device::cuda(device);
+  auto built = cachedGraph(device, forward, p, dtype);
+  cudnnHandle_t handle = handleFor(device);
+  if (cudnnSetStream(handle, currentStream(device)) != CUDNN_STATUS_SUCCESS)
+    throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
+  std::unordered_map<TensorAttr, void*> pack;
+  std::vector<Tensor> keep;  // contiguous copies, kept alive until the call is queued
+  auto bind = [&](const std::string& name, const Tensor& t) {
+    keep.push_back(t.contiguous());
+    pack[built->tensors.at(name)] = keep.back().data();
+  };
+  const bool dropout = p.dropout_p > 0;
+  float dropout_scale = static_cast<float>(1.0 / (1.0 - p.dropout_p));
+  float dropout_scale_inv = static_cast<float>(1.0 - p.dropout_p);
+  if (dropout) {
+    bind("mask", dropoutMask(device, p, dtype));
+    pack[built->tensors.at("dropout_scale")] = &dropout_scale;
+    if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
+  }
+  std::vector<Tensor> outputs;
+  if (forward) {
+    bind("q", tensors[kQ]);
+    bind("k", tensors[kK]);
+    bind("v", tensors[kV]);
+    Tensor o = Tensor::empty({p.batch, p.heads, p.seq_q, p.head_dim_v}, dtype, dev);
+    Tensor lse = Tensor::empty({p.batch, p.heads, p.seq_q}, DataType::Float, dev);
+    pack[built->tensors.at("o")] = o.data();
+    pack[built->tensors.at("stats")] = lse.data();
+    outputs = {o, lse, scalarTensor(static_cast<int64_t>(p.seed), device),
+               scalarTensor(static_cast<int64_t>(p.offset), device)};
+  } else {
+    bind("dO", tensors[kBwdGradOut]);
+    bind("q", tensors[kBwdQ]);
+    bind("k", tensors[kBwdK]);
+    bind("v", tensors[kBwdV]);
+    bind("o", tensors[kBwdOut]);
+    bind("stats", tensors[kBwdLse]);
+    for (const char* name : {"dq", "dk", "dv"}) {
+      const std::vector<int64_t> shape =
+          name[1] == 'q' ? tensors[kBwdQ].shape() : (name[1] == 'k' ? tensors[kBwdK].shape() : tensors[kBwdV].shape());
+      outputs.push_back(Tensor::empty(shape, dtype, dev));
+      pack[built->tensors.at(name)] = outputs.back().data();
+    }
+  }
+  // Workspace from the caching allocator (as int64 words), freed back to it after the call is queued.
+  Tensor workspace = Tensor::empty({(built->workspace + 7) / 8}, DataType::Int, dev);
+  check(built->graph->execute(handle, pack, built->workspace > 0 ? workspace.data() : nullptr), "execute");
+  return outputs;
+}
+
+#endif
+
+}  // namespace meshfuse::cuda

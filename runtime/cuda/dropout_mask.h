@@ -1,0 +1,15 @@
+// The dropout mask of fused attention on CUDA, generated with meshfuse's Philox (runtime/philox.h)
+// so that it is the CPU kernel's mask bit for bit: element (b, h, i, j) is 1 where the Philox
+// uniform of its global index (AttentionParams::dropoutIndex) is >= dropout_p, else 0. cuDNN's own
+// in-kernel dropout derives its mask from Philox in a layout of its own that is not documented,
+// so it cannot be matched on the CPU; cuDNN takes this mask as an input instead. CUDA-free header.
+#pragma once
+#include "runtime/attention_params.h"
+#include "runtime/tensor.h"
+
+namespace meshfuse::cuda {
+
+// A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half or BFloat16) on `device`, of 0 and 1.
+Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype);
+
+}  // namespace meshfuse::cuda

@@ -1,0 +1,63 @@
+// Philox 4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11), the
+// counter-based generator behind uniform() and normal(). Element g (its row-major index in the
+// global tensor) of a draw with (seed, offset) uses the counter {g, offset} and the key {seed}, so
+// its value depends on nothing else: CPU and CUDA produce the same bits, and a shard computes its
+// block of the one global tensor without talking to the others. The CUDA code generator emits the
+// same arithmetic as text (runtime/cuda); keep the two in step (tests compare them).
+#pragma once
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+namespace meshfuse::philox {
+
+inline std::array<uint32_t, 4> generate(uint64_t index, uint64_t offset, uint64_t seed) {
+  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  uint32_t c0 = static_cast<uint32_t>(index), c1 = static_cast<uint32_t>(index >> 32);
+  uint32_t c2 = static_cast<uint32_t>(offset), c3 = static_cast<uint32_t>(offset >> 32);
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = static_cast<uint64_t>(kMul0) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(kMul1) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += kWeyl0;
+    k1 += kWeyl1;
+  }
+  return {c0, c1, c2, c3};
+}
+
+// [0, 1) from the top 24 bits of one word (float precision) or 53 bits of two (double precision).
+inline float unitFloat(uint32_t r) { return static_cast<float>(r >> 8) * 0x1p-24f; }
+inline double unitDouble(uint32_t hi, uint32_t lo) {
+  return static_cast<double>(((static_cast<uint64_t>(hi) << 32) | lo) >> 11) * 0x1p-53;
+}
+
+// uniform(lo, hi) and normal(mean, std) for element `index`. `wide`: a Double output, drawn with
+// 53-bit uniforms; otherwise 24-bit ones computed in float (what the CUDA kernels do).
+inline double uniformAt(uint64_t index, uint64_t offset, uint64_t seed, double lo, double hi, bool wide) {
+  const auto r = generate(index, offset, seed);
+  if (wide) return lo + (hi - lo) * unitDouble(r[0], r[1]);
+  return static_cast<double>(static_cast<float>(lo) +
+                             (static_cast<float>(hi) - static_cast<float>(lo)) * unitFloat(r[0]));
+}
+
+// Box-Muller on two uniforms, the first moved to (0, 1] so that its log is finite.
+inline double normalAt(uint64_t index, uint64_t offset, uint64_t seed, double mean, double stddev, bool wide) {
+  const auto r = generate(index, offset, seed);
+  constexpr double kTwoPi = 6.283185307179586476925;
+  if (wide) {
+    const double u1 = unitDouble(r[0], r[1]) + 0x1p-53, u2 = unitDouble(r[2], r[3]);
+    return mean + stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
+  }
+  const float u1 = unitFloat(r[0]) + 0x1p-24f, u2 = unitFloat(r[1]);
+  const float z = std::sqrt(-2.0f * std::log(u1)) * std::cos(static_cast<float>(kTwoPi) * u2);
+  return static_cast<double>(static_cast<float>(mean) + static_cast<float>(stddev) * z);
+}
+
+}  // namespace meshfuse::philox

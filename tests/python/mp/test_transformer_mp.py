@@ -1,0 +1,106 @@
+"""The transformer layer under mpirun -np 2 and -np 4 (scripts/test): for each schedule (TP, SP,
+DP×TP) and every CPU backend, the forward outputs and every gradient on every rank equal the
+float64 numpy layer's (tests/python/transformer_reference.py) on the global arrays, computed with
+the dropout masks the forward returns; the host programs post exactly the communications the
+schedule implies; bad schedules fail at definition on every rank."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+
+import meshfuse  # noqa: E402
+import transformer_reference as ref  # noqa: E402
+from meshfuse import CommunicatorBackend, DataType, FusionDefinition, ParallelType  # noqa: E402
+from meshfuse.models import (BACKWARD_OUTPUTS, FORWARD_OUTPUTS, PARAMETERS, TransformerBackward,  # noqa: E402
+                             TransformerConfig, TransformerForward, mesh_for, shard_inputs)
+from meshfuse.multidevice import Communicator, shard_tensor  # noqa: E402
+
+COMM = Communicator.instance()
+RANK, WORLD = COMM.rank, COMM.size
+BACKENDS = [b for b in (CommunicatorBackend.mpi, CommunicatorBackend.gloo, CommunicatorBackend.ucc)
+            if b in meshfuse.available_backends()]
+SCHEDULES = ["tp", "sp"] + (["dp_tp"] if WORLD % 2 == 0 else [])
+
+
+def config(schedule):
+    tp = WORLD // 2 if schedule == "dp_tp" else WORLD
+    return TransformerConfig(batch=2, sequence=4 * WORLD, heads=2 * tp, hidden=8 * tp, dtype=DataType.Float,
+                             dropout_p=0.2, attention_dropout_p=0.0)
+
+
+def gather(local, tv):
+    """The global array of a (possibly sharded) output, by a meshfuse allgather program."""
+    if tv.device_mesh is None or not tv.is_sharded:
+        return local
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(list(tv.shape), tv.dtype)
+        y = fd.ops.set(x)
+        fd.add_output(y)
+        x.set_device_mesh(tv.device_mesh)
+        y.set_device_mesh(tv.device_mesh)
+        for i in range(tv.num_loop_axes):
+            ax = tv.axis(i)
+            if ax.parallel_type in (ParallelType.mesh_x, ParallelType.mesh_y):
+                x.outer_split(ax.logical_axis, tv.device_mesh.size_along(ax.parallel_type))
+                x.axis(ax.logical_axis).parallelize(ax.parallel_type)
+    return fd.execute([local])[0]
+
+
+def global_inputs(cfg):
+    rng = np.random.default_rng(11)
+    arrays = {n: (rng.standard_normal(s) * (0.3 if len(s) > 1 else 1.0)).astype(np.float32)
+              for n, s in cfg.parameter_shapes().items()}
+    arrays["x"] = rng.standard_normal((cfg.batch, cfg.sequence, cfg.hidden)).astype(np.float32)
+    arrays["grad_out"] = rng.standard_normal(arrays["x"].shape).astype(np.float32)
+    return arrays
+
+
+def communications(fd):
+    """The communication types of fd's last host program, in order."""
+    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if "Post" in line.split()[0]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_layer_matches_reference_on_every_rank(schedule, backend):
+    cfg = config(schedule)
+    mesh = mesh_for(schedule, WORLD)
+    fwd = TransformerForward(cfg, mesh, schedule, backend_type=backend)
+    bwd = TransformerBackward(cfg, mesh, schedule, backend_type=backend)
+    arrays = global_inputs(cfg)
+    outs = dict(zip(FORWARD_OUTPUTS, fwd.execute(shard_inputs(fwd, arrays, RANK))))
+    full = {n: gather(outs[n], fwd.tensors[n]) for n in FORWARD_OUTPUTS if n not in ("sdpa_seed", "sdpa_offset")}
+    m1, m2 = full["attn_dropout_mask"], full["mlp_dropout_mask"]
+    p64 = {n: arrays[n].astype(np.float64) for n in PARAMETERS}
+    r = ref.forward(arrays["x"].astype(np.float64), p64, m1, m2, cfg)
+    for name in ("qkv", "sdpa_out", "attn_out", "fc1_out", "out"):
+        np.testing.assert_allclose(full[name], r[name], rtol=1e-4, atol=1e-4, err_msg=f"rank {RANK}: {name}")
+
+    # The backward takes the forward's outputs as they are (its schedule shards them as the forward
+    # produced them) and this rank's shards of the global x, parameters and output gradient.
+    local = {n: outs[n] if n in outs else shard_tensor(arrays[n], bwd.tensors[n], RANK) for n in bwd.input_names()}
+    grads = dict(zip(BACKWARD_OUTPUTS, bwd.execute([local[n] for n in bwd.input_names()])))
+    g = ref.backward(arrays["grad_out"].astype(np.float64), arrays["x"].astype(np.float64), p64, m1, m2, cfg)
+    for name in BACKWARD_OUTPUTS:
+        got = gather(grads[name], bwd.tensors[name])
+        np.testing.assert_allclose(got, g[name], rtol=1e-3, atol=1e-3 * np.abs(g[name]).max(),
+                                   err_msg=f"rank {RANK}: {name}")
+
+    fwd_comms, bwd_comms = communications(fwd), communications(bwd)
+    if schedule == "tp":
+        assert fwd_comms == ["Allreduce", "Allreduce"], fwd.host_ir()
+        assert bwd_comms == ["Allreduce", "Allreduce"], bwd.host_ir()
+    elif schedule == "sp":
+        assert fwd_comms.count("Allgather") == 2 and fwd_comms.count("ReduceScatter") == 2, fwd.host_ir()
+        assert "Allreduce" not in fwd_comms, fwd.host_ir()
+    else:  # dp_tp: TP's allreduces (over tp) and, in the backward, the dp reduction of each gradient
+        assert fwd_comms == ["Allreduce", "Allreduce"] or WORLD // 2 == 1 and fwd_comms == [], fwd.host_ir()
+
+
+def test_heads_not_divisible_by_the_mesh_fail_at_definition_on_every_rank():
+    cfg = TransformerConfig(batch=1, sequence=4, heads=WORLD + 1, hidden=8 * (WORLD + 1))
+    with pytest.raises(ValueError, match="heads do not divide"):
+        TransformerForward(cfg, mesh_for("tp", WORLD), "tp")._ensure_defined()

@@ -1,0 +1,108 @@
+"""The transformer layer of meshfuse.models.transformer on one process: forward outputs and every
+gradient against a float64 numpy layer (transformer_reference.py) computed with the dropout masks
+the forward returns, the backward against central finite differences of the forward in float64,
+one normalization segment per LayerNorm, and the torch autograd wrapper training a toy regression
+(the loss falls). The multi-rank schedules are in mp/test_transformer_mp.py."""
+import numpy as np
+import pytest
+
+import transformer_reference as ref
+from meshfuse import DataType
+from meshfuse.models import BACKWARD_OUTPUTS, FORWARD_OUTPUTS, PARAMETERS, TransformerBackward, TransformerConfig
+from meshfuse.models import TransformerForward
+
+CFG = TransformerConfig(batch=2, sequence=7, heads=2, hidden=16, dtype=DataType.Float, dropout_p=0.2,
+                        attention_dropout_p=0.0)
+
+
+def make_inputs(cfg, seed, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    params = {n: (rng.standard_normal(s) * (0.3 if len(s) > 1 else 1.0)).astype(dtype)
+              for n, s in cfg.parameter_shapes().items()}
+    x = rng.standard_normal((cfg.batch, cfg.sequence, cfg.hidden)).astype(dtype)
+    return x, params
+
+
+def run_layer(cfg, x, params, dout):
+    fwd = TransformerForward(cfg)
+    outs = dict(zip(FORWARD_OUTPUTS, fwd.execute([x] + [params[n] for n in PARAMETERS])))
+    bwd = TransformerBackward(cfg)
+    arrays = dict(outs, x=x, grad_out=dout, **params)
+    grads = dict(zip(BACKWARD_OUTPUTS, bwd.execute([arrays[n] for n in bwd.input_names()])))
+    return fwd, bwd, outs, grads
+
+
+def test_forward_and_backward_match_float64_reference():
+    x, params = make_inputs(CFG, 3)
+    dout = np.random.default_rng(4).standard_normal(x.shape).astype(np.float32)
+    _, _, outs, grads = run_layer(CFG, x, params, dout)
+    m1, m2 = outs["attn_dropout_mask"], outs["mlp_dropout_mask"]
+    assert m1.dtype == np.bool_ and 0.6 < m1.mean() < 0.95, "dropout keeps about 1 - p"
+    p64 = {k: v.astype(np.float64) for k, v in params.items()}
+    r = ref.forward(x.astype(np.float64), p64, m1, m2, CFG)
+    for name in ("ln0_mean", "qkv", "sdpa_out", "sdpa_lse", "attn_out", "ln1_mean", "fc1_out", "out"):
+        np.testing.assert_allclose(outs[name], r[name], rtol=2e-4, atol=2e-4, err_msg=name)
+    np.testing.assert_allclose(outs["ln0_rstd"], r["ln0_rstd"], rtol=2e-4, err_msg="ln0_rstd")
+    g = ref.backward(dout.astype(np.float64), x.astype(np.float64), p64, m1, m2, CFG)
+    for name in BACKWARD_OUTPUTS:
+        scale = np.abs(g[name]).max()
+        np.testing.assert_allclose(grads[name], g[name], rtol=1e-3, atol=1e-3 * scale, err_msg=name)
+
+
+def test_backward_matches_finite_differences_in_float64():
+    cfg = TransformerConfig(batch=1, sequence=3, heads=2, hidden=4, dtype=DataType.Double, dropout_p=0.0)
+    x, params = make_inputs(cfg, 5, np.float64)
+    dout = np.random.default_rng(6).standard_normal(x.shape)
+    fwd, _, _, grads = run_layer(cfg, x, params, dout)
+
+    def loss():
+        return float((fwd.execute([x] + [params[n] for n in PARAMETERS])[-1] * dout).sum())
+
+    eps = 1e-6
+    for name, arr in [("grad_x", x)] + [("grad_" + n, params[n]) for n in ("ln0_weight", "qkv_weight", "fc2_bias")]:
+        numeric = np.zeros_like(arr)
+        for i in np.ndindex(arr.shape):
+            old = arr[i]
+            arr[i] = old + eps
+            up = loss()
+            arr[i] = old - eps
+            down = loss()
+            arr[i] = old
+            numeric[i] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(grads[name], numeric, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_each_layer_norm_is_one_normalization_segment():
+    x, params = make_inputs(CFG, 7)
+    fwd = TransformerForward(CFG)
+    fwd.execute([x] + [params[n] for n in PARAMETERS])
+    ir = fwd.host_ir()
+    kinds = [line.split()[1].split("(")[0] for line in ir.splitlines() if "LaunchSegment" in line]
+    assert kinds.count("normalization") == 2, ir
+    assert kinds.count("attention") == 1, ir
+    assert "Allreduce" not in ir and "Allgather" not in ir, "one process: no communication"
+
+
+def test_torch_layer_trains_a_toy_regression():
+    torch = pytest.importorskip("torch")
+    from meshfuse.torch import TransformerLayer
+    torch.manual_seed(0)
+    cfg = TransformerConfig(batch=2, sequence=8, heads=2, hidden=16, dtype=DataType.Float, dropout_p=0.0)
+    layer = TransformerLayer(cfg)
+    x = torch.randn(cfg.batch, cfg.sequence, cfg.hidden)
+    target = torch.randn(cfg.batch, cfg.sequence, cfg.hidden) * 0.5
+    opt = torch.optim.Adam(layer.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        loss = ((layer(x) - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+def test_bad_configuration_is_a_clear_error():
+    with pytest.raises(ValueError, match="not divisible by heads"):
+        TransformerForward(TransformerConfig(batch=1, sequence=4, heads=3, hidden=16))._ensure_defined()
