@@ -37,8 +37,11 @@ class CpuAllocator final : public Allocator {
 }  // namespace
 
 Allocator* cpuAllocator() {
-  static CpuAllocator allocator;
-  return &allocator;
+  // Never destroyed: tensors that outlive static destruction (a backend's scratch buffers,
+  // released by the Communicator's atexit cleanup) still free through it (UBSan caught the call
+  // on a destroyed allocator at exit).
+  static Allocator* allocator = new CpuAllocator();
+  return allocator;
 }
 
 int64_t cpuBytesInUse() { return g_cpu_bytes.load(); }
