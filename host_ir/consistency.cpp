@@ -6,6 +6,7 @@
 
 #include "host_ir/timeout_policy.h"
 #include "multidevice/communicator.h"
+#include "runtime/device_count.h"
 
 namespace meshfuse {
 
@@ -140,6 +141,10 @@ void checkNewProgramAgrees(const Fusion& lowered, const InputSignature& sig, con
   Communicator& comm = Communicator::instance();
   std::vector<std::string> lines =
       programFingerprint(lowered, sig, params, comm.resolve(params.lower.communicator_backend, device));
+  // `auto` picks each team's backend from the node table (the same everywhere) and this node's GPU
+  // count, taken to stand for every node's: nodes that differ would pick different backends.
+  if (params.lower.communicator_backend == CommunicatorBackend::Auto && device.type == DeviceType::CUDA)
+    lines.push_back("auto: GPUs on the node " + std::to_string(cudaDeviceCountOrZero()));
   std::vector<int64_t> world(static_cast<size_t>(comm.size()));
   for (int64_t r = 0; r < comm.size(); ++r) world[static_cast<size_t>(r)] = r;
   withTimeoutPolicy("in the consistency check of a new program over the world (backend mpi)",
