@@ -1,6 +1,7 @@
 """Across nodes (issue 16): jobs on a simulated cluster of network namespaces (scripts/cluster-sim,
 2 nodes x 2 ranks unless said otherwise), on every CPU backend meshfuse.available_backends()
 lists (a backend added later, such as ucc, is picked up without editing this file):
+  - each rank's node as Python sees it,
   - the tensor-parallel MLP example,
   - the multi-device suite's communicator and collective tests (C++, every backend compiled in),
   - a node whose ranks are killed mid-run: the survivors end the job within MESHFUSE_TIMEOUT.
@@ -70,6 +71,19 @@ def test_tp_mlp_on_two_nodes(backend):
     if backend == "gloo":  # the device follows Open MPI's TCP interface, on each node its own address
         devices = re.findall(r"gloo backend for team \[0, 1, 2, 3\]: TCP device on interface sim0 \(([\d.]+)\)", out)
         assert len(devices) == 4 and len(set(devices)) == 2, out
+
+
+def test_python_sees_each_ranks_node():
+    program = (
+        "from meshfuse.multidevice import Communicator as C; c = C.instance(); "
+        "print(f'rank {c.rank}: node {c.node_id} of {c.node_count} ({c.node_name(c.node_id)}) "
+        "local {c.local_rank}/{c.local_size} nodes {[c.node_of(r) for r in range(c.size)]}', flush=True)"
+    )
+    rc, out, _ = cluster(["--", sys.executable, "-c", program], 60)
+    assert rc == 0, out
+    for rank, node, local in ((0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)):
+        line = f"rank {rank}: node {node} of 2 (node{node}) local {local}/2 nodes [0, 0, 1, 1]"
+        assert line in out, out
 
 
 def test_tp_mlp_on_three_nodes_over_gloo():
