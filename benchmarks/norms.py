@@ -1,217 +1,210 @@
 """Normalization kernels (issue 12): LayerNorm forward, RMSNorm forward, softmax forward and the
-LayerNorm backward (dx, dgamma, dbeta), each written as a meshfuse FusionDefinition from primitive
-ops with fp32 compute (cast in, compute, cast back), which lowers to one normalization segment.
+LayerNorm backward (dx, dgamma, dbeta), each one meshfuse `normalization` segment, against the
+device's usual peers and a plain copy of the array (the memory limit), in one table.
 
-    python3 benchmarks/norms.py --device cuda [--shapes 8192x12288,32768x4096] [--iters 50]
-    python3 benchmarks/norms.py --device cpu   (the CPU mode: bench_cpu, below)
+CPU (the default), one thread, [4096, 4096] fp32, against numpy (the usual multi-pass formulas)
+and JAX jit (PyPI `jax`, CPU; optional: its rows are left out when it is not installed):
 
-CUDA: bf16 on one GPU, against torch eager (F.layer_norm, F.rms_norm, torch.softmax and
-aten.native_layer_norm_backward), torch.compile of the same fp32-compute functions, and the device
-copy bandwidth (a bf16 tensor of the same size, bytes read plus written), in one table. Times are
-medians over CUDA events; GB/s counts each input read once and each output written once.
+    .venv/bin/python -m pip install jax        # once (about 30 s)
+    OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/norms.py --device cpu
+
+The script sets XLA_FLAGS for one XLA thread unless XLA_FLAGS is already set.
+
+Columns: ms (best of --repeat runs, after a warm-up), GB/s (bytes every run must read and write
+at least, over time), "x copy" (time over the copy's time: 1.0 is memory speed) and, for meshfuse,
+speed-ups over numpy and JAX (their time over meshfuse's).
+
+Adding a device: write `bench_<device>(args)` returning rows of (case, impl, seconds, bytes) and
+register it in DEVICES; `main` prints the table. The case definitions (meshfuse fusions and the
+float64 references they are checked against) are device independent.
 """
 import argparse
-import statistics
+import os
 import sys
+import time
+
+import numpy as np
 
 from meshfuse import DataType, FusionDefinition
 
 EPS = 1e-5
+CASES = ("layernorm", "rmsnorm", "softmax", "layernorm_bwd")
 
 
-# ---- the fusion definitions (shared by both modes) ----------------------------------------------
-
-
-def define_layer_norm(rows, cols, dtype):
+# ---- meshfuse definitions (shared by every device) ---------------------------------------------
+def define(case, rows, cols, dtype=DataType.Float):
+    """The meshfuse FusionDefinition of a case on [rows, cols] inputs."""
     with FusionDefinition() as fd:
-        x = fd.define_tensor(shape=[rows, cols], dtype=dtype)
-        w = fd.define_tensor(shape=[cols], dtype=dtype)
-        b = fd.define_tensor(shape=[cols], dtype=dtype)
-        xf = fd.ops.cast(x, DataType.Float)
-        mean = fd.ops.mean(xf, [1])
-        xc = fd.ops.sub(xf, fd.ops.broadcast_in_dim(mean, [rows, cols], [0]))
-        var = fd.ops.mean(fd.ops.square(xc), [1])
-        rstd = fd.ops.rsqrt(fd.ops.add(var, EPS))
-        y = fd.ops.mul(xc, fd.ops.broadcast_in_dim(rstd, [rows, cols], [0]))
-        y = fd.ops.add(fd.ops.mul(y, fd.ops.cast(w, DataType.Float)), fd.ops.cast(b, DataType.Float))
-        fd.add_output(fd.ops.cast(y, dtype))
+        x = fd.define_tensor([rows, cols], dtype)
+        if case == "layernorm":
+            w, b = fd.define_tensor([cols], dtype), fd.define_tensor([cols], dtype)
+            var, mean = fd.ops.var_mean(x, [1], 0, True)
+            y = fd.ops.mul(fd.ops.sub(x, mean), fd.ops.rsqrt(fd.ops.add(var, EPS)))
+            fd.add_output(fd.ops.add(fd.ops.mul(y, w), b))
+        elif case == "rmsnorm":
+            w = fd.define_tensor([cols], dtype)
+            ms = fd.ops.mean(fd.ops.mul(x, x), [1], keepdim=True)
+            fd.add_output(fd.ops.mul(fd.ops.mul(x, fd.ops.rsqrt(fd.ops.add(ms, EPS))), w))
+        elif case == "softmax":
+            m = fd.ops.max(x, [1], keepdim=True)
+            e = fd.ops.exp(fd.ops.sub(x, m))
+            fd.add_output(fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True)))
+        elif case == "layernorm_bwd":
+            dy = fd.define_tensor([rows, cols], dtype)
+            w = fd.define_tensor([cols], dtype)
+            mean, rstd = fd.define_tensor([rows, 1], dtype), fd.define_tensor([rows, 1], dtype)
+            xhat = fd.ops.mul(fd.ops.sub(x, mean), rstd)
+            g = fd.ops.mul(dy, w)
+            c1 = fd.ops.mean(g, [1], keepdim=True)
+            c2 = fd.ops.mean(fd.ops.mul(g, xhat), [1], keepdim=True)
+            dx = fd.ops.mul(rstd, fd.ops.sub(fd.ops.sub(g, c1), fd.ops.mul(xhat, c2)))
+            fd.add_output(dx)
+            fd.add_output(fd.ops.sum(fd.ops.mul(dy, xhat), [0]))  # dgamma
+            fd.add_output(fd.ops.sum(dy, [0]))  # dbeta
+        else:
+            raise ValueError(f"unknown case {case}")
     return fd
 
 
-def define_rms_norm(rows, cols, dtype):
-    with FusionDefinition() as fd:
-        x = fd.define_tensor(shape=[rows, cols], dtype=dtype)
-        w = fd.define_tensor(shape=[cols], dtype=dtype)
-        xf = fd.ops.cast(x, DataType.Float)
-        rstd = fd.ops.rsqrt(fd.ops.add(fd.ops.mean(fd.ops.square(xf), [1]), EPS))
-        y = fd.ops.mul(fd.ops.mul(xf, fd.ops.broadcast_in_dim(rstd, [rows, cols], [0])), fd.ops.cast(w, DataType.Float))
-        fd.add_output(fd.ops.cast(y, dtype))
-    return fd
+def inputs(case, rows, cols, rng):
+    """float32 inputs of a case (numpy)."""
+    x = rng.standard_normal((rows, cols), dtype=np.float32)
+    w = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    if case == "layernorm":
+        return [x, w, rng.standard_normal(cols, dtype=np.float32)]
+    if case == "rmsnorm":
+        return [x, w]
+    if case == "softmax":
+        return [x]
+    mean = x.mean(1, keepdims=True)
+    rstd = (1 / np.sqrt(x.var(1, keepdims=True) + EPS)).astype(np.float32)
+    return [x, rng.standard_normal((rows, cols), dtype=np.float32), w, mean, rstd]
 
 
-def define_softmax(rows, cols, dtype):
-    with FusionDefinition() as fd:
-        x = fd.define_tensor(shape=[rows, cols], dtype=dtype)
-        xf = fd.ops.cast(x, DataType.Float)
-        m = fd.ops.broadcast_in_dim(fd.ops.max(xf, [1]), [rows, cols], [0])
-        e = fd.ops.exp(fd.ops.sub(xf, m))
-        s = fd.ops.broadcast_in_dim(fd.ops.sum(e, [1]), [rows, cols], [0])
-        fd.add_output(fd.ops.cast(fd.ops.div(e, s), dtype))
-    return fd
+def numpy_impl(case, xp=np):
+    """The usual multi-pass formulas (numpy; xp=jax.numpy gives the JAX versions)."""
+    if case == "layernorm":
+        def f(x, w, b):
+            mean = x.mean(1, keepdims=True)
+            var = ((x - mean) ** 2).mean(1, keepdims=True)
+            return (x - mean) / xp.sqrt(var + EPS) * w + b
+    elif case == "rmsnorm":
+        def f(x, w):
+            return x / xp.sqrt((x * x).mean(1, keepdims=True) + EPS) * w
+    elif case == "softmax":
+        def f(x):
+            e = xp.exp(x - x.max(1, keepdims=True))
+            return e / e.sum(1, keepdims=True)
+    else:
+        def f(x, dy, w, mean, rstd):
+            xhat = (x - mean) * rstd
+            g = dy * w
+            dx = rstd * (g - g.mean(1, keepdims=True) - xhat * (g * xhat).mean(1, keepdims=True))
+            return dx, (dy * xhat).sum(0), dy.sum(0)
+    return f
 
 
-def define_layer_norm_backward(rows, cols, dtype):
-    """Inputs dy, x, mean [rows] and rstd [rows] (fp32, saved by the forward), weight; outputs dx,
-    dgamma, dbeta."""
-    with FusionDefinition() as fd:
-        dy = fd.ops.cast(fd.define_tensor(shape=[rows, cols], dtype=dtype), DataType.Float)
-        x = fd.ops.cast(fd.define_tensor(shape=[rows, cols], dtype=dtype), DataType.Float)
-        mean = fd.define_tensor(shape=[rows], dtype=DataType.Float)
-        rstd = fd.define_tensor(shape=[rows], dtype=DataType.Float)
-        w = fd.ops.cast(fd.define_tensor(shape=[cols], dtype=dtype), DataType.Float)
-        per_row = lambda v: fd.ops.broadcast_in_dim(v, [rows, cols], [0])  # noqa: E731
-        rstd_b = per_row(rstd)
-        xhat = fd.ops.mul(fd.ops.sub(x, per_row(mean)), rstd_b)
-        g = fd.ops.mul(dy, w)
-        c1 = per_row(fd.ops.mean(fd.ops.mul(g, xhat), [1]))
-        c2 = per_row(fd.ops.mean(g, [1]))
-        dx = fd.ops.mul(fd.ops.sub(fd.ops.sub(g, c2), fd.ops.mul(xhat, c1)), rstd_b)
-        fd.add_output(fd.ops.cast(dx, dtype))
-        fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.mul(dy, xhat), [0]), dtype))
-        fd.add_output(fd.ops.cast(fd.ops.sum(dy, [0]), dtype))
-    return fd
+def reference(case, arrays):
+    """float64 results of a case."""
+    out = numpy_impl(case)(*[a.astype(np.float64) for a in arrays])
+    return list(out) if isinstance(out, tuple) else [out]
 
 
-# ---- CUDA mode -----------------------------------------------------------------------------------
+def min_bytes(case, rows, cols, itemsize=4):
+    """What one run must read and write at least (the row-sized inputs and outputs)."""
+    n = rows * cols * itemsize
+    return 3 * n if case == "layernorm_bwd" else 2 * n
 
 
-def cuda_time_ms(fn, iters, warmup=5):
-    """Median over `iters` of one call timed with CUDA events (each call enqueued back to back)."""
-    import torch
-
-    for _ in range(warmup):
+def best_of(fn, repeat):
+    fn()  # warm-up (compilation, first-touch allocation)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
         fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
-def cuda_cases(rows, cols):
-    """(name, meshfuse fd, inputs, eager fn, fp32-compute fn for torch.compile, bytes moved)."""
-    import torch
-    import torch.nn.functional as F
-
-    bf16, dev = torch.bfloat16, "cuda"
-    x = torch.randn(rows, cols, device=dev, dtype=bf16)
-    w = torch.rand(cols, device=dev, dtype=bf16) + 0.5
-    b = torch.randn(cols, device=dev, dtype=bf16)
-    dy = torch.randn(rows, cols, device=dev, dtype=bf16)
-    elem = rows * cols * 2
-
-    def ln_fp32(x, w, b):
-        xf = x.float()
-        mean = xf.mean(-1, keepdim=True)
-        xc = xf - mean
-        rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + EPS)
-        return (xc * rstd * w.float() + b.float()).to(x.dtype)
-
-    def rms_fp32(x, w):
-        xf = x.float()
-        return (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
-
-    def softmax_fp32(x):
-        return torch.softmax(x.float(), dim=-1).to(x.dtype)
-
-    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [cols], w, b, EPS)
-
-    def ln_bwd_eager(dy, x, mean, rstd, w):
-        return torch.ops.aten.native_layer_norm_backward(dy, x, [cols], mean, rstd, w, b, [True, True, True])
-
-    def ln_bwd_fp32(dy, x, mean, rstd, w):
-        dyf, xf, wf = dy.float(), x.float(), w.float()
-        xhat = (xf - mean) * rstd
-        g = dyf * wf
-        c1 = (g * xhat).mean(-1, keepdim=True)
-        c2 = g.mean(-1, keepdim=True)
-        dx = (g - c2 - xhat * c1) * rstd
-        return dx.to(x.dtype), (dyf * xhat).sum(0).to(x.dtype), dyf.sum(0).to(x.dtype)
-
-    return [
-        ("layer_norm fwd", define_layer_norm(rows, cols, DataType.BFloat16), [x, w, b],
-         lambda: F.layer_norm(x, (cols,), w, b, EPS), (ln_fp32, (x, w, b)), 2 * elem),
-        ("rms_norm fwd", define_rms_norm(rows, cols, DataType.BFloat16), [x, w],
-         lambda: F.rms_norm(x, (cols,), w, EPS), (rms_fp32, (x, w)), 2 * elem),
-        ("softmax fwd", define_softmax(rows, cols, DataType.BFloat16), [x],
-         lambda: torch.softmax(x, dim=-1), (softmax_fp32, (x,)), 2 * elem),
-        ("layer_norm bwd", define_layer_norm_backward(rows, cols, DataType.BFloat16),
-         [dy, x, mean.view(rows), rstd.view(rows), w],
-         lambda: ln_bwd_eager(dy, x, mean, rstd, w), (ln_bwd_fp32, (dy, x, mean, rstd, w)), 3 * elem),
-    ]
+def check(case, got, arrays, tol):
+    for g, r in zip(got, reference(case, arrays)):
+        err = np.max(np.abs(np.asarray(g, dtype=np.float64) - r)) / max(1.0, np.max(np.abs(r)))
+        if err > tol:
+            raise AssertionError(f"{case}: relative error {err:.2e} > {tol:.0e}")
 
 
-def max_error(got, ref):
-    import torch
-
-    got = got if isinstance(got, (list, tuple)) else [got]
-    ref = ref if isinstance(ref, (list, tuple)) else [ref]
-    return max(float((g.float() - r.float()).abs().max() / (r.float().abs().max() + 1e-30)) for g, r in zip(got, ref))
-
-
-def bench_cuda(args):
-    import torch
-
-    torch.manual_seed(0)
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    rows_out = []
-    for shape in args.shapes.split(","):
-        rows, cols = (int(v) for v in shape.split("x"))
-        # Device copy bandwidth: a bf16 tensor of the same size, read + written.
-        src = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-        dst = torch.empty_like(src)
-        copy_ms = cuda_time_ms(lambda: dst.copy_(src), args.iters)
-        copy_gbs = 2 * src.numel() * 2 / copy_ms / 1e6
-        rows_out.append((f"[{rows}, {cols}] device copy", copy_ms, copy_gbs, None, None, None, ""))
-        for name, fd, inputs, eager, (fp32_fn, fp32_args), nbytes in cuda_cases(rows, cols):
-            out = fd.execute(inputs)
-            segments = str(fd.host_ir()).count("LaunchSegment")
-            ref = fp32_fn(*fp32_args)
-            err = max_error(out if len(out) > 1 else out[0], ref)
-            mf_ms = cuda_time_ms(lambda: fd.execute(inputs), args.iters)
-            eager_ms = cuda_time_ms(eager, args.iters)
-            compiled = torch.compile(fp32_fn, dynamic=False)
-            compiled(*fp32_args)
-            tc_ms = cuda_time_ms(lambda: compiled(*fp32_args), args.iters)
-            gbs = nbytes / mf_ms / 1e6
-            rows_out.append((f"[{rows}, {cols}] {name}", mf_ms, gbs, gbs / copy_gbs, eager_ms / mf_ms, tc_ms / mf_ms,
-                             f"eager {eager_ms:.3f} ms, compile {tc_ms:.3f} ms, {segments} segment(s), rel err {err:.1e}"))
-    print()
-    print(f"{'case (bf16, fp32 compute)':42s} {'meshfuse ms':>11s} {'GB/s':>7s} {'of copy':>7s} {'x eager':>7s} "
-          f"{'x compile':>9s}  notes")
-    for label, ms, gbs, frac, xe, xc, note in rows_out:
-        f = lambda v, w, fmt: (fmt % v).rjust(w) if v is not None else "".rjust(w)  # noqa: E731
-        print(f"{label:42s} {ms:11.3f} {gbs:7.0f} {f(frac, 7, '%.2f')} {f(xe, 7, '%.2f')} {f(xc, 9, '%.2f')}  {note}")
-
-
-# ---- CPU mode ------------------------------------------------------------------------------------
-
-
+# ---- CPU ----------------------------------------------------------------------------------------
 def bench_cpu(args):
-    sys.exit("the CPU mode of benchmarks/norms.py lives in the CPU half of issue 12 (not in this branch)")
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    try:
+        import jax
+        import jax.numpy as jnp
+        jax.config.update("jax_platform_name", "cpu")
+    except ImportError:
+        jax = None
+        print("jax is not installed: its rows are left out (pip install jax)", file=sys.stderr)
+    rng = np.random.default_rng(0)
+    rows, cols = args.rows, args.cols
+    results = []
+    x = rng.standard_normal((rows, cols), dtype=np.float32)
+    y = np.empty_like(x)
+    results.append(("copy", "numpy copyto", best_of(lambda: np.copyto(y, x), args.repeat), 2 * x.nbytes))
+    for case in args.cases:
+        arrays = inputs(case, rows, cols, rng)
+        nbytes = min_bytes(case, rows, cols)
+        fd = define(case, rows, cols)
+        check(case, fd.execute(arrays), arrays, 1e-4)
+        segments = [line for line in fd.host_ir().splitlines() if "LaunchSegment" in line]
+        assert len(segments) == 1 and "normalization" in segments[0], fd.host_ir()
+        results.append((case, "meshfuse", best_of(lambda: fd.execute(arrays), args.repeat), nbytes))
+        f = numpy_impl(case)
+        check(case, f(*arrays) if case == "layernorm_bwd" else [f(*arrays)], arrays, 1e-4)
+        results.append((case, "numpy", best_of(lambda: f(*arrays), args.repeat), nbytes))
+        if jax is not None:
+            jf = jax.jit(numpy_impl(case, jnp))
+            jarrays = [jax.device_put(a) for a in arrays]
+
+            def run():
+                return jax.block_until_ready(jf(*jarrays))
+            got = run()
+            check(case, got if case == "layernorm_bwd" else [got], arrays, 1e-4)
+            results.append((case, "jax jit", best_of(run, args.repeat), nbytes))
+    return results
+
+
+DEVICES = {"cpu": bench_cpu}
+
+
+def print_table(results, header):
+    copy_s = next(s for c, _, s, _ in results if c == "copy")
+    by_case = {(c, i): s for c, i, s, _ in results}
+    print(header)
+    print(f"| case | implementation | ms | GB/s | x copy | meshfuse speed-up |")
+    print("|---|---|---:|---:|---:|---|")
+    for case, impl, s, nbytes in results:
+        speedup = ""
+        if impl == "meshfuse":
+            peers = [(p, by_case[(case, p)]) for p in ("numpy", "jax jit") if (case, p) in by_case]
+            speedup = ", ".join(f"{t / s:.2f}x {p}" for p, t in peers)
+        print(f"| {case} | {impl} | {s * 1e3:.1f} | {nbytes / s / 1e9:.1f} | {s / copy_s:.2f} | {speedup} |")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--shapes", default="8192x12288,32768x4096", help="CUDA: rows x cols, comma separated")
-    parser.add_argument("--iters", type=int, default=50)
-    args = parser.parse_args()
-    (bench_cuda if args.device == "cuda" else bench_cpu)(args)
+    if "cuda" in sys.argv[1:] and "--device" in sys.argv[1:]:  # the GPU table: benchmarks/norms_cuda.py
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import norms_cuda
+        return norms_cuda.main([a for a in sys.argv[1:]])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu", choices=sorted(DEVICES))
+    p.add_argument("--rows", type=int, default=4096)
+    p.add_argument("--cols", type=int, default=4096)
+    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    args = p.parse_args()
+    results = DEVICES[args.device](args)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print_table(results, f"{args.device}: [{args.rows}, {args.cols}] fp32, OMP_NUM_THREADS="
+                f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, best of {args.repeat}, load average {load:.1f}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -12,27 +14,58 @@
 
 namespace meshfuse {
 
-std::string Device::toString() const {
-  return type == DeviceType::CPU ? "cpu" : "cuda:" + std::to_string(index);
-}
+std::string Device::toString() const { return type == DeviceType::CPU ? "cpu" : "cuda:" + std::to_string(index); }
 
 namespace {
 std::atomic<int64_t> g_cpu_bytes{0};
 
+// Freed blocks of 1 MiB or more are kept (up to 256 MiB in all, oldest dropped first) and handed
+// out again for the same size: a program executed again gets its outputs without the page faults of
+// fresh memory from the OS (first-touching a 64 MiB output costs about as much as writing it).
+// Live bytes (cpuBytesInUse) count only blocks in use.
 class CpuAllocator final : public Allocator {
  public:
+  static constexpr size_t kMinCached = size_t{1} << 20, kMaxCachedBytes = size_t{256} << 20;
+
   void* allocate(size_t bytes) override {
-    size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = rounded >= kMinCached ? takeCached(rounded) : nullptr;
+    if (p == nullptr) p = std::aligned_alloc(64, rounded);
     if (p == nullptr) throw std::bad_alloc();
     g_cpu_bytes += static_cast<int64_t>(bytes);
     return p;
   }
   void deallocate(void* ptr, size_t bytes) override {
-    std::free(ptr);
     g_cpu_bytes -= static_cast<int64_t>(bytes);
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    if (rounded < kMinCached || rounded > kMaxCachedBytes) return std::free(ptr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (cached_bytes_ + rounded > kMaxCachedBytes) {
+      std::free(cache_.front().second);
+      cached_bytes_ -= cache_.front().first;
+      cache_.erase(cache_.begin());
+    }
+    cache_.emplace_back(rounded, ptr);
+    cached_bytes_ += rounded;
   }
   Device device() const override { return Device::cpu(); }
+
+ private:
+  void* takeCached(size_t rounded) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = cache_.rbegin(); it != cache_.rend(); ++it) {
+      if (it->first != rounded) continue;
+      void* p = it->second;
+      cached_bytes_ -= rounded;
+      cache_.erase(std::next(it).base());
+      return p;
+    }
+    return nullptr;
+  }
+
+  std::mutex mutex_;
+  std::vector<std::pair<size_t, void*>> cache_;  // (rounded size, block), oldest first
+  size_t cached_bytes_ = 0;
 };
 }  // namespace
 
@@ -51,7 +84,8 @@ Allocator* cudaAllocator(int device_index) __attribute__((weak));
 
 Allocator* allocatorFor(Device device) {
   if (device.type == DeviceType::CPU) return cpuAllocator();
-  if (cudaAllocator == nullptr) throw std::runtime_error("meshfuse was built without CUDA: no allocator for " + device.toString());
+  if (cudaAllocator == nullptr)
+    throw std::runtime_error("meshfuse was built without CUDA: no allocator for " + device.toString());
   return cudaAllocator(device.index);
 }
 
@@ -97,7 +131,8 @@ Tensor Tensor::empty(const std::vector<int64_t>& shape, DataType dtype, Device d
   Allocator* allocator = allocatorFor(device);
   size_t bytes = static_cast<size_t>(numelOf(shape)) * dataTypeSize(dtype);
   void* p = allocator->allocate(bytes);
-  auto storage = std::make_shared<Storage>(p, bytes, device, [allocator, bytes](void* q) { allocator->deallocate(q, bytes); });
+  auto storage =
+      std::make_shared<Storage>(p, bytes, device, [allocator, bytes](void* q) { allocator->deallocate(q, bytes); });
   return Tensor(std::move(storage), 0, dtype, shape, contiguousStrides(shape));
 }
 
@@ -114,7 +149,8 @@ Tensor Tensor::fromBlob(void* data, DataType dtype, std::vector<int64_t> shape, 
   int64_t span = 1;
   for (size_t i = 0; i < shape.size(); ++i)
     if (shape[i] > 0) span += (shape[i] - 1) * std::abs(strides[i]);
-  auto storage = std::make_shared<Storage>(data, static_cast<size_t>(span) * dataTypeSize(dtype), device, std::move(release));
+  auto storage =
+      std::make_shared<Storage>(data, static_cast<size_t>(span) * dataTypeSize(dtype), device, std::move(release));
   return Tensor(std::move(storage), 0, dtype, std::move(shape), std::move(strides));
 }
 
@@ -161,7 +197,8 @@ Tensor Tensor::expand(const std::vector<int64_t>& shape) const {
   std::vector<int64_t> strides = strides_;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape_[i] == shape[i]) continue;
-    if (shape_[i] != 1) throw std::invalid_argument("expand: extent " + std::to_string(shape_[i]) + " cannot broadcast");
+    if (shape_[i] != 1)
+      throw std::invalid_argument("expand: extent " + std::to_string(shape_[i]) + " cannot broadcast");
     strides[i] = 0;
   }
   return Tensor(storage_, byte_offset_, dtype_, shape, strides);
@@ -186,7 +223,8 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(Device target) const {
   if (target == device()) return *this;
-  if (cudaCopyBytes == nullptr) throw std::runtime_error("meshfuse was built without CUDA: cannot move a tensor to " + target.toString());
+  if (cudaCopyBytes == nullptr)
+    throw std::runtime_error("meshfuse was built without CUDA: cannot move a tensor to " + target.toString());
   Tensor src = contiguous();
   if (src.device().type != DeviceType::CPU && !src.isContiguous())
     throw std::runtime_error("Tensor::to(device): non-contiguous device tensors are not supported");
@@ -205,7 +243,8 @@ Tensor Tensor::to(DataType dtype) const {
 namespace {
 // Calls f(dst_offset, src_offset) in elements for every logical index, innermost axis fastest.
 template <typename F>
-void forEachIndex(const std::vector<int64_t>& shape, const std::vector<int64_t>& a, const std::vector<int64_t>& b, F f) {
+void forEachIndex(const std::vector<int64_t>& shape, const std::vector<int64_t>& a, const std::vector<int64_t>& b,
+                  F f) {
   const size_t n = shape.size();
   if (numelOf(shape) == 0) return;
   if (n == 0) {
@@ -236,7 +275,8 @@ void Tensor::copyFrom(const Tensor& src) {
     throw std::invalid_argument("copyFrom: shape " + shapeToString(src.shape()) + " into " + shapeToString(shape_));
   if (device().type != DeviceType::CPU || src.device().type != DeviceType::CPU) {
     if (cudaCopyTensor == nullptr)
-      throw std::runtime_error("meshfuse was built without CUDA: cannot copy " + src.toString() + " into " + toString());
+      throw std::runtime_error("meshfuse was built without CUDA: cannot copy " + src.toString() + " into " +
+                               toString());
     cudaCopyTensor(*this, src);
     return;
   }
@@ -248,13 +288,13 @@ void Tensor::copyFrom(const Tensor& src) {
   const char* s = static_cast<const char*>(src.data());
   const int64_t dsz = static_cast<int64_t>(itemsize()), ssz = static_cast<int64_t>(src.itemsize());
   if (src.dtype() == dtype_) {
-    forEachIndex(shape_, strides_, src.strides(), [&](int64_t od, int64_t os) { std::memcpy(d + od * dsz, s + os * ssz, dsz); });
+    forEachIndex(shape_, strides_, src.strides(),
+                 [&](int64_t od, int64_t os) { std::memcpy(d + od * dsz, s + os * ssz, dsz); });
     return;
   }
   const DataType sd = src.dtype();
-  forEachIndex(shape_, strides_, src.strides(), [&](int64_t od, int64_t os) {
-    storeFromDouble(d + od * dsz, dtype_, loadAsDouble(s + os * ssz, sd));
-  });
+  forEachIndex(shape_, strides_, src.strides(),
+               [&](int64_t od, int64_t os) { storeFromDouble(d + od * dsz, dtype_, loadAsDouble(s + os * ssz, sd)); });
 }
 
 double Tensor::item(int64_t linear_index) const {

@@ -66,14 +66,24 @@ struct Port {
   std::vector<int64_t> outer_strides;  // along F's outer axes
   StridedSpace inner;                  // F's inner axes, coalesced
   bool contiguous_row = false;         // inner is one axis of stride 1
+  bool one_per_row = false;            // inner strides all 0: one element per row
   Phase phase = Phase::PerRow;
   bool every_row = false;  // an After-phase output repeated over the rows (broadcast back)
+};
+
+// The PerRow steps in stages, each run chunk by chunk along the row so that a chunk's values
+// stay in L1 from one step to the next: first the stage's per-row scalar steps (once), then its
+// elementwise steps, inner reductions (accumulated over the chunks) and outer-reduction
+// accumulations. An inner reduction ends its stage: what follows may read its result.
+struct Stage {
+  std::vector<int> scalar_steps, chunk_steps;  // indices into Kernel::steps
 };
 
 template <typename T>
 struct Kernel {
   const Plan& plan;
   std::vector<Step> steps;
+  std::vector<Stage> stages;
   std::vector<Port> loads, stores;
   int row_buffers = 0, row_scalars = 0, columns = 0, shared = 0, accumulators = 0;
   std::vector<int> accumulator_column;  // the column each accumulator finalizes into
@@ -93,6 +103,8 @@ void portStrides(const Plan& plan, const Plan::Value& info, const Tensor& t, Por
   port.inner.strides = {std::vector<int64_t>(f_strides.begin() + plan.split, f_strides.end())};
   port.inner.coalesce();
   port.contiguous_row = port.inner.rank() == 1 && port.inner.strides[0][0] == 1;
+  port.one_per_row =
+      std::all_of(port.inner.strides[0].begin(), port.inner.strides[0].end(), [](int64_t st) { return st == 0; });
 }
 
 Phase phaseOf(const Plan::Value& v) {
@@ -175,6 +187,14 @@ Kernel<T> buildKernel(const Segment& seg, const Plan& plan, ValueMap& values, co
       }
     }
     k.steps.push_back(s);
+  }
+  for (int i = 0; i < static_cast<int>(k.steps.size()); ++i) {
+    const Step& s = k.steps[i];
+    if (s.phase != Phase::PerRow) continue;
+    const bool scalar = s.out.home == Home::RowScalar && !isReduction(s.op);
+    if (k.stages.empty() || (scalar && !k.stages.back().chunk_steps.empty())) k.stages.emplace_back();
+    (scalar ? k.stages.back().scalar_steps : k.stages.back().chunk_steps).push_back(i);
+    if (isReduction(s.op) && s.accumulator < 0) k.stages.emplace_back();  // an inner reduction
   }
   for (TensorView* out : seg.outputs) {
     Port port = makePort(plan, out, allocateOutput(values, shapes, out));
@@ -307,6 +327,10 @@ class Runner {
       S* data = p.tensor->dataAs<S>() + base;
       if (!isBuffer(p.ref)) {  // one value per row, repeated over the row where the output is expanded
         const S v = Elem<S>::template store<T>(scalarOf(p.ref, f));
+        if (p.one_per_row) {  // a reduction's result, not expanded: written once, not once per element
+          data[0] = v;
+          return;
+        }
         forEachInner(p, [&](int64_t, int64_t off) { data[off] = v; });
         return;
       }
@@ -334,18 +358,20 @@ class Runner {
     }
   }
 
-  void step(const Step& s, Frame<T>& f) {
-    if (s.accumulator >= 0) return accumulate(s, f);
-    if (isReduction(s.op)) return reduceRow(s, f);
+  // Runs step s over elements [begin, begin + len) of the row (a scalar step: its one value).
+  void step(const Step& s, Frame<T>& f, int64_t begin = 0, int64_t len = -1) {
+    if (len < 0) len = n_;
+    if (s.accumulator >= 0) return accumulate(s, f, begin, len);
     const bool buffer = isBuffer(s.out);
-    const int64_t n = buffer ? n_ : 1;
+    const int64_t n = buffer ? len : 1;
     T scalar_out = T(0);
-    T* out = buffer ? writable(s.out, f) : &scalar_out;
+    T* out = buffer ? writable(s.out, f) + begin : &scalar_out;
     // Scalar steps run the same element functions on one-element operands.
     T one[3];
     TileOperand<T> ops[3];
     for (int i = 0; i < s.nargs; ++i) {
       ops[i] = operand(s.args[i], f);
+      if (ops[i].ptr && buffer) ops[i].ptr += begin;
       if (!buffer && !ops[i].ptr) {
         one[i] = ops[i].scalar;
         ops[i].ptr = &one[i];
@@ -370,38 +396,73 @@ class Runner {
     if (!buffer) scalarSlot(s.out, f) = scalar_out;
   }
 
-  void reduceRow(const Step& s, Frame<T>& f) {
-    const T* x = bufferOf(s.args[0], f);
-    double acc;
-    if (s.op == OpType::ReduceMax) {
-      T m = -std::numeric_limits<T>::infinity();
-      bool nan = false;
-      for (int64_t j = 0; j < n_; ++j) {
-        nan = nan || x[j] != x[j];
-        m = x[j] > m ? x[j] : m;
-      }
-      acc = nan ? std::numeric_limits<double>::quiet_NaN() : static_cast<double>(m);
-    } else {
-      double sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n_; ++j) sum += static_cast<double>(x[j]);
-      acc = sum * s.scale;
-    }
-    scalarSlot(s.out, f) = static_cast<T>(acc);
+  // Sum of x[0, n): 16 lanes in T (vectorizable without reassociation flags), then double.
+  static double sumChunk(const T* __restrict x, int64_t n) {
+    constexpr int kLanes = 16;
+    T lanes[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) lanes[l] += x[j + l];
+    double sum = 0;
+    for (int l = 0; l < kLanes; ++l) sum += static_cast<double>(lanes[l]);
+    for (; j < n; ++j) sum += static_cast<double>(x[j]);
+    return sum;
   }
 
-  void accumulate(const Step& s, Frame<T>& f) {
-    double* acc = f.accumulators[s.accumulator].data();
+  // Max of x[0, n) and m, NaN if any is NaN.
+  static T maxChunk(const T* __restrict x, int64_t n, T m) {
+    constexpr int kLanes = 16;
+    T lanes[kLanes];
+    std::fill(lanes, lanes + kLanes, m);
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) lanes[l] = (x[j + l] > lanes[l] || x[j + l] != x[j + l]) ? x[j + l] : lanes[l];
+    for (; j < n; ++j) m = (x[j] > m || x[j] != x[j]) ? x[j] : m;
+    for (int l = 0; l < kLanes; ++l) m = (lanes[l] > m || lanes[l] != lanes[l]) ? lanes[l] : m;
+    return m;
+  }
+
+  void accumulate(const Step& s, Frame<T>& f, int64_t begin, int64_t len) {
+    double* __restrict acc = f.accumulators[s.accumulator].data() + begin;
     const Ref& in = s.args[0];
     if (!isBuffer(in)) throw std::logic_error("normalization: outer reduction of a scalar");
-    const T* x = bufferOf(in, f);
+    const T* __restrict x = bufferOf(in, f) + begin;
     if (s.op == OpType::ReduceMax) {
-      for (int64_t j = 0; j < n_; ++j) {
+      for (int64_t j = 0; j < len; ++j) {
         const double v = static_cast<double>(x[j]);
         acc[j] = (acc[j] != acc[j] || acc[j] > v) ? acc[j] : v;
       }
     } else {
-      for (int64_t j = 0; j < n_; ++j) acc[j] += static_cast<double>(x[j]);
+      for (int64_t j = 0; j < len; ++j) acc[j] += static_cast<double>(x[j]);
+    }
+  }
+
+  // The PerRow steps, stage by stage, each stage's elementwise steps chunk by chunk.
+  void runRow(Frame<T>& f) {
+    constexpr int64_t kChunk = 512;  // 2 KiB of float per value: a stage's chunks stay in L1
+    for (const Stage& stage : k_.stages) {
+      for (int i : stage.scalar_steps) step(k_.steps[i], f);
+      if (stage.chunk_steps.empty()) continue;
+      double sum = 0;
+      T max = -std::numeric_limits<T>::infinity();
+      for (int64_t begin = 0; begin < n_; begin += kChunk) {
+        const int64_t len = std::min(kChunk, n_ - begin);
+        for (int i : stage.chunk_steps) {
+          const Step& s = k_.steps[i];
+          if (!isReduction(s.op) || s.accumulator >= 0) {
+            step(s, f, begin, len);
+            continue;
+          }
+          const T* x = bufferOf(s.args[0], f) + begin;  // the stage's last step
+          if (s.op == OpType::ReduceMax)
+            max = maxChunk(x, len, max);
+          else
+            sum += sumChunk(x, len);
+        }
+      }
+      const Step& last = k_.steps[stage.chunk_steps.back()];
+      if (isReduction(last.op) && last.accumulator < 0)
+        scalarSlot(last.out, f) = last.op == OpType::ReduceMax ? max : static_cast<T>(sum * last.scale);
     }
   }
 
@@ -425,8 +486,12 @@ class Runner {
   void runPhase(Phase phase, Frame<T>& f, int64_t row) {
     for (const Port& p : k_.loads)
       if (p.phase == phase) load(p, f, row);
-    for (const Step& s : k_.steps)
-      if (s.phase == phase) step(s, f);
+    if (phase == Phase::PerRow) {
+      runRow(f);
+    } else {
+      for (const Step& s : k_.steps)
+        if (s.phase == phase) step(s, f);
+    }
     for (const Port& p : k_.stores) {
       if (p.phase != phase) continue;
       if (!p.every_row) {

@@ -176,6 +176,7 @@ class FusionFuzzer {
         {"reshape", 0.04, nullptr, &FusionFuzzer::emitReshape},
         {"linear", 0.05, [](const Node& a) { return a.shape.size() == 2 && isFloatingPoint(a.tv->dtype()); },
          &FusionFuzzer::emitLinear},
+        {"issue 12 ops", 0.30, nullptr, &FusionFuzzer::emitNewOp},
     };
     return table;
   }
@@ -193,6 +194,12 @@ class FusionFuzzer {
       }
     const size_t k = std::discrete_distribution<size_t>(weights.begin(), weights.end())(gen_);
     (this->*usable[k]->emit)(a);
+  }
+
+  // Comparisons, where, the new unary ops, slice, cat and normalization chains (newOpStep); a plain
+  // unary op where the drawn one does not suit the operand.
+  void emitNewOp(const Node& a) {
+    if (!newOpStep(a)) emitUnary(a);
   }
 
   void emitUnary(const Node& a) {
@@ -276,6 +283,131 @@ class FusionFuzzer {
     const int64_t k = a.shape[1], out = randomExtent();
     TensorView* w = newInput({out, k}, a.tv->dtype(), false);
     push(ops::linear(a.tv, w), {a.shape[0], out});
+  }
+
+  // Issue 12's ops: comparisons and where, the new unary ops, slice and cat, and normalization
+  // chains (var_mean, softmax, outer sums) that lower to normalization segments mixed with the
+  // pointwise ops around them. False when `a` does not suit the op drawn.
+  bool newOpStep(const Node& a) {
+    const int64_t rank = static_cast<int64_t>(a.shape.size());
+    const bool is_float = isFloat(a.tv->dtype());
+    Fusion& f = *case_.fusion;
+    auto number = [&](double v) { return f.newScalar(DataType::Double, v); };
+    switch (pick(7)) {
+      case 0: {  // where(cmp(input, input or number), a, b or number): compared values are inputs, exact in
+                 // every dtype, so the reference takes the same branch
+        std::vector<Node> inputs;
+        for (const Node& n : pool_)
+          if (f.isInput(n.tv) && n.tv->dtype() != DataType::Bool && broadcasts(n.shape, a.shape)) inputs.push_back(n);
+        if (inputs.empty()) return false;
+        const Node c = inputs[pick(inputs.size())];
+        const OpType cmps[] = {OpType::Lt, OpType::Le, OpType::Gt, OpType::Ge, OpType::Eq, OpType::Ne};
+        const OpType cmp = cmps[pick(6)];
+        const Node d = inputs[pick(inputs.size())];
+        const bool with_tensor = chance(0.5) && broadcasts(d.shape, c.shape);
+        TensorView* cond = ops::binary(
+            cmp, c.tv, with_tensor ? static_cast<Val*>(d.tv) : number(0.25 * (static_cast<double>(pick(9)) - 4)));
+        const std::vector<int64_t> cond_shape = with_tensor ? broadcastShape(c.shape, d.shape) : c.shape;
+        if (chance(0.3)) cond = ops::unary(OpType::LogicalNot, cond);
+        if (chance(0.3))
+          cond = ops::binary(chance(0.5) ? OpType::LogicalAnd : OpType::LogicalOr, cond,
+                             ops::binary(OpType::Ne, c.tv, number(0)));
+        if (!broadcasts(cond_shape, a.shape)) return false;
+        Val* other = number(static_cast<double>(pick(5)) - 2);
+        std::vector<int64_t> shape = broadcastShape(cond_shape, a.shape);
+        for (int tries = 0; tries < 4; ++tries) {
+          const Node b = any();
+          if (b.tv->dtype() != DataType::Bool && broadcasts(shape, b.shape)) {
+            other = b.tv;
+            shape = broadcastShape(shape, b.shape);
+            break;
+          }
+        }
+        const bool swap = chance(0.5);
+        push(ops::where(cond, swap ? other : a.tv, swap ? a.tv : other), shape);
+        return true;
+      }
+      case 1: {  // the new unary ops, on a float, their operand kept away from poles
+        if (!is_float) return false;
+        const OpType safe[] = {OpType::Square, OpType::Erf, OpType::Silu};
+        if (chance(0.5)) {
+          push(ops::unary(safe[pick(3)], a.tv), a.shape);
+          return true;
+        }
+        TensorView* positive = ops::binary(OpType::Add, ops::unary(OpType::Abs, a.tv), number(1));
+        push(ops::unary(chance(0.5) ? OpType::Rsqrt : OpType::Reciprocal, positive), a.shape);
+        return true;
+      }
+      case 2: {  // slice of one axis
+        if (rank == 0) return false;
+        const int64_t axis = static_cast<int64_t>(pick(a.shape.size()));
+        const int64_t extent = a.shape[axis];
+        std::vector<int64_t> starts(rank, 0), ends = a.shape, steps(rank, 1);
+        starts[axis] = static_cast<int64_t>(pick(static_cast<size_t>(extent)));
+        ends[axis] = starts[axis] + 1 + static_cast<int64_t>(pick(static_cast<size_t>(extent - starts[axis])));
+        steps[axis] = 1 + static_cast<int64_t>(pick(2));
+        if (a.tv->shape()[axis] < 0) return false;  // a symbolic extent: the end may not be checked
+        std::vector<int64_t> shape = a.shape;
+        shape[axis] = (ends[axis] - starts[axis] + steps[axis] - 1) / steps[axis];
+        push(ops::slice(a.tv, starts, ends, steps), shape);
+        return true;
+      }
+      case 3: {  // cat with another value of the same dtype and extents but along one axis
+        if (rank == 0) return false;
+        const int64_t axis = static_cast<int64_t>(pick(a.shape.size()));
+        for (const Node& b : pool_) {
+          if (b.tv == a.tv || b.tv->dtype() != a.tv->dtype() || b.shape.size() != a.shape.size()) continue;
+          bool fits = true;
+          for (int64_t d = 0; d < rank; ++d) fits = fits && (d == axis || b.shape[d] == a.shape[d]);
+          if (!fits) continue;
+          std::vector<int64_t> shape = a.shape;
+          shape[axis] += b.shape[axis];
+          push(ops::cat({a.tv, b.tv}, axis), shape);
+          return true;
+        }
+        std::vector<int64_t> shape = a.shape;
+        shape[axis] *= 2;
+        push(ops::cat({a.tv, a.tv}, axis), shape);
+        return true;
+      }
+      case 4: {  // LayerNorm-like: var_mean over the last (inner) or the first (outer) axes
+        if (!is_float || rank == 0) return false;
+        const bool inner = chance(0.6);
+        const int64_t axes = rank > 1 && chance(0.3) ? 2 : 1;
+        std::vector<int64_t> dims;
+        for (int64_t i = 0; i < axes; ++i) dims.push_back(inner ? rank - axes + i : i);
+        int64_t count = 1;
+        for (int64_t d : dims) count *= a.shape[d];
+        const int64_t correction = count > 1 && chance(0.3) ? 1 : 0;
+        auto [var, mean] = ops::varMean(a.tv, dims, correction, true);
+        TensorView* rstd = ops::unary(OpType::Rsqrt, ops::binary(OpType::Add, var, number(1)));
+        TensorView* y = ops::binary(OpType::Mul, ops::binary(OpType::Sub, a.tv, mean), rstd);
+        push(chance(0.5) ? y : ops::binary(OpType::Add, ops::binary(OpType::Mul, y, number(2)), number(1)), a.shape);
+        return true;
+      }
+      case 5: {  // softmax or RMSNorm over the last axis
+        if (!is_float || rank == 0) return false;
+        const int64_t last = rank - 1;
+        if (chance(0.5)) {
+          TensorView* e = ops::unary(
+              OpType::Exp, ops::binary(OpType::Sub, a.tv, ops::reduction(OpType::ReduceMax, a.tv, {last}, true)));
+          push(ops::binary(OpType::Div, e, ops::reduction(OpType::Sum, e, {last}, true)), a.shape);
+        } else {
+          TensorView* ms = ops::reduction(OpType::Mean, ops::unary(OpType::Square, a.tv), {last}, true);
+          push(ops::binary(OpType::Mul, a.tv, ops::unary(OpType::Rsqrt, ops::binary(OpType::Add, ms, number(1)))),
+               a.shape);
+        }
+        return true;
+      }
+      default: {  // an outer reduction of a pointwise product (a weight gradient), and a consumer
+        if (!is_float || rank < 2) return false;
+        TensorView* prod = ops::binary(OpType::Mul, a.tv, ops::unary(OpType::Silu, a.tv));
+        std::vector<int64_t> shape(a.shape.begin() + 1, a.shape.end());
+        TensorView* r = ops::reduction(chance(0.5) ? OpType::Mean : OpType::Sum, prod, {0}, false);
+        push(chance(0.5) ? r : ops::binary(OpType::Mul, r, number(3)), shape);
+        return true;
+      }
+    }
   }
 
   // Mutations of the definition; each must raise UserError (at definition or at execute).

@@ -51,6 +51,12 @@ inline double applyUnary(OpType op, double x) {
     case OpType::Sigmoid: return 1 / (1 + std::exp(-x));
     case OpType::Tanh: return std::tanh(x);
     case OpType::Exp: return std::exp(x);
+    case OpType::Rsqrt: return 1 / std::sqrt(x);
+    case OpType::Reciprocal: return 1 / x;
+    case OpType::Erf: return std::erf(x);
+    case OpType::Silu: return x / (1 + std::exp(-x));
+    case OpType::Square: return x * x;
+    case OpType::LogicalNot: return x == 0;
     default: throw std::logic_error("reference: unary " + toString(op) + " not modelled");
   }
 }
@@ -62,6 +68,15 @@ inline double applyBinary(OpType op, double a, double b) {
     case OpType::Mul: return a * b;
     case OpType::Max: return std::max(a, b);
     case OpType::Min: return std::min(a, b);
+    case OpType::Div: return a / b;
+    case OpType::Lt: return a < b;
+    case OpType::Le: return a <= b;
+    case OpType::Gt: return a > b;
+    case OpType::Ge: return a >= b;
+    case OpType::Eq: return a == b;
+    case OpType::Ne: return a != b;
+    case OpType::LogicalAnd: return a != 0 && b != 0;
+    case OpType::LogicalOr: return a != 0 || b != 0;
     default: throw std::logic_error("reference: binary " + toString(op) + " not modelled");
   }
 }
@@ -76,6 +91,8 @@ inline double broadcastRead(const RefTensor& t, const std::vector<int64_t>& out_
 
 inline double roundTo(DataType dtype, double v) {
   if (dtype == DataType::Float) return static_cast<double>(static_cast<float>(v));
+  if (dtype == DataType::Bool) return v != 0;
+  if (dtype == DataType::Int || dtype == DataType::Int32) return std::trunc(v);
   return v;  // 16-bit floats: the comparison's tolerance covers them
 }
 
@@ -107,10 +124,13 @@ class ReferenceEvaluator {
       for (double& x : r.data) x = roundTo(dt, isUnary(op) ? applyUnary(op, x) : x);
       return r;
     }
-    if (isBinary(op)) {
-      const RefTensor &a = operand(e.input(0)), &b = operand(e.input(1));
-      std::vector<int64_t> shape(std::max(a.shape.size(), b.shape.size()), 1);
-      for (const RefTensor* t : {&a, &b})
+    if (isBinary(op) || op == OpType::Where) {
+      std::vector<const RefTensor*> in;
+      for (const Val* v : e.inputs()) in.push_back(&operand(v));
+      size_t rank = 0;
+      for (const RefTensor* t : in) rank = std::max(rank, t->shape.size());
+      std::vector<int64_t> shape(rank, 1);
+      for (const RefTensor* t : in)
         for (size_t d = 0; d < t->shape.size(); ++d) {
           int64_t& s = shape[shape.size() - t->shape.size() + d];
           s = std::max(s, t->shape[d]);
@@ -118,7 +138,10 @@ class ReferenceEvaluator {
       RefTensor r{shape, std::vector<double>(static_cast<size_t>(numelOf(shape)))};
       for (int64_t i = 0; i < numelOf(shape); ++i) {
         auto idx = unravel(i, shape);
-        r.data[i] = roundTo(dt, applyBinary(op, broadcastRead(a, idx), broadcastRead(b, idx)));
+        const double a = broadcastRead(*in[0], idx), b = broadcastRead(*in[1], idx);
+        // where's operands are rounded to the result's dtype like a binary op's result.
+        r.data[i] =
+            roundTo(dt, op == OpType::Where ? (a != 0 ? b : broadcastRead(*in[2], idx)) : applyBinary(op, a, b));
       }
       return r;
     }
@@ -126,6 +149,7 @@ class ReferenceEvaluator {
     const auto& attrs = e.attrs();
     switch (op) {
       case OpType::Sum:
+      case OpType::Mean:
       case OpType::ReduceMax: {
         const int64_t rank = static_cast<int64_t>(x.shape.size());
         std::vector<bool> reduced(x.shape.size(), false);
@@ -133,18 +157,54 @@ class ReferenceEvaluator {
         std::vector<int64_t> kept_shape;  // the output shape with keepdim (1 on reduced axes)
         for (int64_t d = 0; d < rank; ++d) kept_shape.push_back(reduced[d] ? 1 : x.shape[d]);
         const int64_t n = numelOf(kept_shape);
-        RefTensor r{{}, std::vector<double>(static_cast<size_t>(n), op == OpType::Sum ? 0.0 : -INFINITY)};
+        RefTensor r{{}, std::vector<double>(static_cast<size_t>(n), op == OpType::ReduceMax ? -INFINITY : 0.0)};
         const auto out_strides = refStrides(kept_shape);
         for (int64_t i = 0; i < numelOf(x.shape); ++i) {
           auto idx = unravel(i, x.shape);
           int64_t at = 0;
           for (int64_t d = 0; d < rank; ++d) at += (reduced[d] ? 0 : idx[d]) * out_strides[d];
           double& acc = r.data[static_cast<size_t>(at)];
-          acc = op == OpType::Sum ? acc + x.data[i] : std::max(acc, x.data[i]);
+          acc = op == OpType::ReduceMax ? std::max(acc, x.data[i]) : acc + x.data[i];
         }
         for (int64_t d = 0; d < rank; ++d)
           if (!reduced[d] || attrs.keepdim) r.shape.push_back(kept_shape[d]);
-        for (double& v : r.data) v = roundTo(dt, v);
+        const double count = static_cast<double>(numelOf(x.shape)) / static_cast<double>(std::max<int64_t>(n, 1));
+        for (double& v : r.data) v = roundTo(dt, op == OpType::Mean ? v / count : v);
+        return r;
+      }
+      case OpType::Slice: {  // attrs: axes = starts, shape = ends, strides = steps
+        std::vector<int64_t> shape;
+        for (size_t d = 0; d < x.shape.size(); ++d)
+          shape.push_back((attrs.shape[d] - attrs.axes[d] + attrs.strides[d] - 1) / attrs.strides[d]);
+        RefTensor r{shape, std::vector<double>(static_cast<size_t>(numelOf(shape)))};
+        const auto in_strides = refStrides(x.shape);
+        for (int64_t i = 0; i < numelOf(shape); ++i) {
+          auto idx = unravel(i, shape);
+          int64_t at = 0;
+          for (size_t d = 0; d < idx.size(); ++d) at += (attrs.axes[d] + idx[d] * attrs.strides[d]) * in_strides[d];
+          r.data[i] = x.data[static_cast<size_t>(at)];
+        }
+        return r;
+      }
+      case OpType::Cat: {
+        const size_t dim = static_cast<size_t>(attrs.axes[0]);
+        std::vector<int64_t> shape = x.shape;
+        shape[dim] = 0;
+        for (const Val* v : e.inputs()) shape[dim] += operand(v).shape[dim];
+        RefTensor r{shape, std::vector<double>(static_cast<size_t>(numelOf(shape)))};
+        const auto out_strides = refStrides(shape);
+        int64_t base = 0;  // where the current input starts along dim
+        for (const Val* v : e.inputs()) {
+          const RefTensor& t = operand(v);
+          for (int64_t i = 0; i < numelOf(t.shape); ++i) {
+            auto idx = unravel(i, t.shape);
+            idx[dim] += base;
+            int64_t at = 0;
+            for (size_t d = 0; d < idx.size(); ++d) at += idx[d] * out_strides[d];
+            r.data[static_cast<size_t>(at)] = t.data[static_cast<size_t>(i)];
+          }
+          base += t.shape[dim];
+        }
         return r;
       }
       case OpType::BroadcastInDim: {

@@ -1,0 +1,135 @@
+"""Issue 12's ops on sharded tensors (run under mpirun -np 2 / 4): comparisons and where stay sharded
+(no communication), a slice or cat of an unsharded axis is local, a slice or cat along the sharded
+axis reshards (an allgather) and gives the right numbers, a row-sharded LayerNorm is one local
+normalization segment, and a sharded uniform()/normal() holds its block of the one global tensor."""
+import os
+
+import numpy as np
+import pytest
+
+from meshfuse import DataType, FusionDefinition, ParallelType
+from meshfuse.multidevice import Communicator, DeviceMesh, shard_tensor
+
+COMM = Communicator.instance()
+RANK, WORLD = COMM.rank, COMM.size
+MESH = DeviceMesh(range(WORLD))
+DEFAULT_SEED = int(os.environ.get("MESHFUSE_SEED", 0x6D657368))
+
+
+def shard(tv, axis=0):
+    tv.set_device_mesh(MESH)
+    tv.outer_split(axis, WORLD)
+    tv.axis(axis).parallelize(ParallelType.mesh_x)
+
+
+def block(full, axis=0):
+    n = full.shape[axis] // WORLD
+    return np.take(full, range(RANK * n, (RANK + 1) * n), axis=axis)
+
+
+def communications(fd):
+    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if line.strip().startswith("PostOnStream")]
+
+
+def segments(fd):
+    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if line.strip().startswith("LaunchSegment")]
+
+
+FULL = np.random.default_rng(12).uniform(-2, 2, (4 * WORLD, 6)).astype(np.float32)
+
+
+def test_comparison_and_where_stay_sharded():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4 * WORLD, 6])
+        fd.add_output(fd.ops.where(fd.ops.logical_and(fd.ops.gt(x, -1.0), fd.ops.le(x, 1.5)), x, fd.ops.neg(x)))
+        fd.add_output(fd.ops.ne(x, 0.5))
+        shard(x)
+    y, c = fd.execute([shard_tensor(FULL, x, RANK)])
+    assert communications(fd) == [], fd.host_ir()
+    expected = np.where((FULL > -1) & (FULL <= 1.5), FULL, -FULL)
+    np.testing.assert_array_equal(y, block(expected))
+    np.testing.assert_array_equal(c, block(FULL != 0.5))
+
+
+@pytest.mark.parametrize("op", ["slice", "cat"])
+def test_slice_and_cat_of_an_unsharded_axis_are_local(op):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4 * WORLD, 6])
+        y = fd.ops.slice(x, [0, 1], [4 * WORLD, 5]) if op == "slice" else fd.ops.cat([x, fd.ops.neg(x)], 1)
+        fd.add_output(y)
+        shard(x)
+    (out,) = fd.execute([shard_tensor(FULL, x, RANK)])
+    assert communications(fd) == [], fd.host_ir()
+    expected = FULL[:, 1:5] if op == "slice" else np.concatenate([FULL, -FULL], 1)
+    np.testing.assert_array_equal(out, block(expected))
+
+
+@pytest.mark.parametrize("op", ["slice", "cat"])
+def test_slice_and_cat_along_the_sharded_axis_reshard(op):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4 * WORLD, 6])
+        y = fd.ops.slice(x, [1, 0], [4 * WORLD - 1, 6], [2, 1]) if op == "slice" else fd.ops.cat([x, x], 0)
+        fd.add_output(y)
+        shard(x)
+    (out,) = fd.execute([shard_tensor(FULL, x, RANK)])
+    assert "Allgather" in communications(fd), fd.host_ir()
+    np.testing.assert_array_equal(out, FULL[1:4 * WORLD - 1:2] if op == "slice" else np.concatenate([FULL, FULL]))
+
+
+def test_row_sharded_layernorm_is_one_local_normalization_segment():
+    w = np.linspace(0.5, 1.5, 6).astype(np.float32)
+    with FusionDefinition() as fd:
+        x, tw = fd.define_tensor([4 * WORLD, 6]), fd.define_tensor([6])
+        var, mean = fd.ops.var_mean(x, [1], 0, True)
+        fd.add_output(fd.ops.mul(fd.ops.mul(fd.ops.sub(x, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5))), tw))
+        shard(x)
+        tw.set_device_mesh(MESH)
+    (out,) = fd.execute([shard_tensor(FULL, x, RANK), w])
+    assert communications(fd) == [] and segments(fd) == ["normalization"], fd.host_ir()
+    x64 = FULL.astype(np.float64)
+    expected = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, block(expected), rtol=1e-5, atol=1e-5)
+
+
+def draw(name, shape, dtype=DataType.Float, seed=None, offset=None, axis=None):
+    with FusionDefinition() as fd:
+        kw = {} if seed is None else dict(rng_seed=seed, rng_offset=offset)
+        u = getattr(fd.ops, name)(0.0, 1.0, shape, dtype, **kw)
+        fd.add_output(u)
+        if axis is not None:
+            shard(u, axis)
+    return fd
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("name", ["uniform", "normal"])
+def test_sharded_random_is_a_block_of_the_unsharded_tensor(name, axis):
+    shape = [3 * WORLD, 2 * WORLD + 0] if axis == 1 else [2 * WORLD, 5]
+    (local,) = draw(name, shape, seed=21, offset=4, axis=axis).execute([])
+    (whole,) = draw(name, shape, seed=21, offset=4).execute([])
+    assert local.shape[axis] == shape[axis] // WORLD
+    np.testing.assert_array_equal(local, block(whole, axis))
+
+
+def test_unseeded_sharded_draw_is_one_global_tensor():
+    # Without a seed every rank draws with the same fresh (seed, offset): the gathered tensor equals
+    # ONE single-draw tensor at some offset, and the next execution draws other numbers.
+    with FusionDefinition() as fd:
+        u = fd.ops.uniform(0.0, 1.0, [2 * WORLD, 3], DataType.Float)
+        whole = fd.ops.set(u)
+        fd.add_output(u)
+        fd.add_output(whole)
+        shard(u)
+        whole.set_device_mesh(MESH)  # replicated: an allgather
+    local, gathered = fd.execute([])
+    assert "Allgather" in communications(fd), fd.host_ir()
+    np.testing.assert_array_equal(local, block(gathered))
+    blocks = np.split(gathered, WORLD)
+    assert all(not np.array_equal(blocks[0], b) for b in blocks[1:])  # blocks of a global tensor, not copies
+    with FusionDefinition() as probe:
+        s, o = probe.define_scalar(dtype=DataType.Int), probe.define_scalar(dtype=DataType.Int)
+        probe.add_output(probe.ops.uniform(0.0, 1.0, [2 * WORLD, 3], DataType.Float, rng_seed=s, rng_offset=o))
+    matches = [o for o in range(4000) if np.array_equal(probe.execute([DEFAULT_SEED, o])[0], gathered)]
+    assert len(matches) == 1, matches
+    again = fd.execute([])[1]
+    assert np.mean(again == gathered) < 0.05
