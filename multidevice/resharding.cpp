@@ -284,8 +284,8 @@ class ReshardingPass {
                         describe(tv) + " is sharded on axis " + std::to_string(shardingOf(tv).axis[d]) + " " +
                         shapeToString(tv->shape()) +
                         " and its blocks do not line up with that axis (a reshape keeps a sharding on the first axis "
-                        "of a split or merge whose extent divides by the mesh size; slice and cat on untouched axes): "
-                        "annotate a sharding they line up with, or reshard explicitly with a set()");
+                        "of a split or merge whose extent divides by the mesh size): annotate a sharding they line up "
+                        "with, or reshard explicitly with a set()");
       }
     }
   }
@@ -322,7 +322,10 @@ class ReshardingPass {
     const Sharding wanted = compute;
     if (e->op() == OpType::Reshape) compute = reshapeComputeSharding(e, compute, compute_mesh);
     if (e->op() == OpType::Slice || e->op() == OpType::Cat) compute = unmappedAxesReplicated(e, compute, compute_mesh);
-    if (target && !(compute == wanted)) checkViewAnnotationHonoured(e, inputs, wanted, compute, compute_mesh);
+    // A slice or cat along the sharded axis reshards (issue 12 allows it: the cut or joined axis has
+    // no block structure left); a reshape's annotation must line up with its input's blocks.
+    if (target && e->op() == OpType::Reshape && !(compute == wanted))
+      checkViewAnnotationHonoured(e, inputs, wanted, compute, compute_mesh);
     // Linear with bias and a Partial result: add the bias once, after the reduction.
     if (e->op() == OpType::Linear && inputs.size() == 3 &&
         std::any_of(compute.partial.begin(), compute.partial.end(), [](bool p) { return p; })) {
