@@ -67,15 +67,19 @@ struct Row {
   std::vector<double> seconds;  // per path, < 0: not run
 };
 
+// Per path, iterations enough for about 50 ms a round (from one timed call, the slowest rank's,
+// so every rank runs the same count), at least 3 and at most 2000.
 Row measure(int64_t bytes, const char* op, double bus_factor, const std::vector<Path>& paths) {
-  const int iters = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 5, 2000));
-  for (int i = 0; i < 3; ++i)  // warm up every path (connections, pages, algorithm caches)
-    for (const Path& p : paths)
-      if (p.run) p.run();
+  std::vector<int> iters(paths.size(), 0);
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (!paths[i].run) continue;
+    for (int w = 0; w < 2; ++w) paths[i].run();  // warm up (connections, pages, algorithm caches)
+    iters[i] = static_cast<int>(std::clamp(0.05 / timeOnce(paths[i].run, 1), 3.0, 2000.0));
+  }
   std::vector<std::vector<double>> times(paths.size());
   for (int r = 0; r < kRounds; ++r)
     for (size_t i = 0; i < paths.size(); ++i)
-      if (paths[i].run) times[i].push_back(timeOnce(paths[i].run, iters));
+      if (paths[i].run) times[i].push_back(timeOnce(paths[i].run, iters[i]));
   Row row{bytes, op, bus_factor, {}};
   for (const auto& t : times) row.seconds.push_back(t.empty() ? -1.0 : median(t));
   return row;
