@@ -1,13 +1,15 @@
-// allgather, allreduce and reduce-scatter through meshfuse's MpiBackend (non-blocking MPI call,
-// Work, polled wait) and, when built, its GlooBackend (worker thread, Work on a future) against
-// the same collective called directly and blocking on MPI_COMM_WORLD, in the same run. Float32,
-// 1 KiB .. 64 MiB in x4 steps; size is the full buffer (allgather output, allreduce buffer,
-// reduce-scatter input), as nccl-tests counts it.
-//   mpirun --oversubscribe --allow-run-as-root -np 2 build-mpi/benchmarks/bench_collectives [max MiB, default 64]
+// allgather, allreduce and reduce-scatter through meshfuse's backends against the same collective
+// called directly and blocking, in the same run: MpiBackend (non-blocking MPI call, Work, polled
+// wait) against MPI on MPI_COMM_WORLD; UccBackend (non-blocking UCC collective, Work progressing
+// the context) against raw UCC (ucc_collective_init/post, progress + test until done, finalize, as
+// ucc_perftest does) on a UCC team of the world in the same context; GlooBackend (worker thread,
+// Work on a future) beside them. Float32, 1 KiB .. 256 MiB in x4 steps; size is the full buffer
+// (allgather output, allreduce buffer, reduce-scatter input), as nccl-tests counts it.
+//   mpirun --oversubscribe --allow-run-as-root -np 2 build/benchmarks/bench_collectives [max MiB, default 256]
 //   [--mpi-only]
-// Rank 0 prints one table. Each (size, op) alternates rounds of meshfuse-mpi, meshfuse-gloo and
-// raw; a round's time is the slowest rank's mean over its iterations, and the table shows the
-// median round. benchmarks/collectives_torch.py times torch.distributed's gloo the same way.
+// Rank 0 prints one table. Each (size, op) alternates rounds of every path; a round's time is the
+// slowest rank's mean over its iterations, and the table shows the median round.
+// benchmarks/collectives_torch.py times torch.distributed's gloo the same way.
 #include <mpi.h>
 
 #include <algorithm>
@@ -20,6 +22,14 @@
 #include <vector>
 
 #include "multidevice/communicator.h"
+#if MESHFUSE_HAVE_UCC
+#include <ucc/api/ucc.h>
+
+#include <cstring>
+
+#include "backends/ucc/ucc_context.h"
+#include "backends/ucc/ucc_team.h"
+#endif
 
 using namespace meshfuse;
 
@@ -44,35 +54,44 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// One way of running a collective (a column of the table); `run` is empty where not available.
+struct Path {
+  const char* name;
+  std::function<void()> run;
+};
+
 struct Row {
   int64_t bytes;
   const char* op;
-  double meshfuse_s, gloo_s, raw_s, bus_factor;  // gloo_s < 0: no Gloo in this build
+  double bus_factor;
+  std::vector<double> seconds;  // per path, < 0: not run
 };
 
-// `gloo` may be empty (a build without Gloo).
-Row measure(int64_t bytes, const char* op, double bus_factor, const std::function<void()>& meshfuse,
-            const std::function<void()>& gloo, const std::function<void()>& raw) {
-  const int iters = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 5, 2000));
-  for (int i = 0; i < 3; ++i) {  // warm up every path (connections, pages, MPI's algorithm caches)
-    meshfuse();
-    if (gloo) gloo();
-    raw();
+// Per path, iterations enough for about 50 ms a round (from one timed call, the slowest rank's,
+// so every rank runs the same count), at least 3 and at most 2000.
+Row measure(int64_t bytes, const char* op, double bus_factor, const std::vector<Path>& paths) {
+  std::vector<int> iters(paths.size(), 0);
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (!paths[i].run) continue;
+    for (int w = 0; w < 2; ++w) paths[i].run();  // warm up (connections, pages, algorithm caches)
+    iters[i] = static_cast<int>(std::clamp(0.05 / timeOnce(paths[i].run, 1), 3.0, 2000.0));
   }
-  std::vector<double> mf, gl, rw;
-  for (int r = 0; r < kRounds; ++r) {
-    mf.push_back(timeOnce(meshfuse, iters));
-    if (gloo) gl.push_back(timeOnce(gloo, iters));
-    rw.push_back(timeOnce(raw, iters));
-  }
-  return {bytes, op, median(mf), gloo ? median(gl) : -1.0, median(rw), bus_factor};
+  std::vector<std::vector<double>> times(paths.size());
+  for (int r = 0; r < kRounds; ++r)
+    for (size_t i = 0; i < paths.size(); ++i)
+      if (paths[i].run) times[i].push_back(timeOnce(paths[i].run, iters[i]));
+  Row row{bytes, op, bus_factor, {}};
+  for (const auto& t : times) row.seconds.push_back(t.empty() ? -1.0 : median(t));
+  return row;
 }
 
-void printHeader(int64_t ranks) {
-  std::printf("bench_collectives: %lld ranks, float32, median of %d rounds (slowest rank per round)\n",
+// Paths 0/1 are meshfuse-mpi/raw-mpi, 2/3 meshfuse-ucc/raw-ucc, 4 meshfuse-gloo.
+void printHeader(int64_t ranks, const std::vector<Path>& paths) {
+  std::printf("bench_collectives: %lld ranks, float32, median of %d rounds (slowest rank per round); us per call\n",
               static_cast<long long>(ranks), kRounds);
-  std::printf("%10s  %-14s  %12s  %12s  %12s  %13s  %13s  %13s  %7s  %9s\n", "size", "op", "meshfuse_us", "gloo_us",
-              "raw_us", "mf_busbw_GB/s", "gloo_busbw", "raw_busbw_GB/s", "ratio", "added_us");
+  std::printf("%10s  %-14s", "size", "op");
+  for (const Path& p : paths) std::printf("  %11s", p.name);
+  std::printf("  %9s  %9s  %10s  %10s\n", "mpi_ratio", "ucc_ratio", "ucc_busbw", "rawucc_bw");
 }
 
 // Printed as soon as measured (flushed), so a run cut short still shows what it measured.
@@ -83,17 +102,51 @@ void printRow(const Row& r) {
     std::snprintf(label, sizeof label, "%lld MiB", static_cast<long long>(r.bytes >> 20));
   else
     std::snprintf(label, sizeof label, "%lld KiB", static_cast<long long>(r.bytes >> 10));
-  // The gloo columns read "n/a" in a build without Gloo.
-  char gloo_us[32] = "n/a", gloo_bw[32] = "n/a";
-  if (r.gloo_s > 0) {
-    std::snprintf(gloo_us, sizeof gloo_us, "%.2f", r.gloo_s * 1e6);
-    std::snprintf(gloo_bw, sizeof gloo_bw, "%.3f", size / r.gloo_s * r.bus_factor / 1e9);
-  }
-  std::printf("%10s  %-14s  %12.2f  %12s  %12.2f  %13.3f  %13s  %13.3f  %7.3f  %9.2f\n", label, r.op,
-              r.meshfuse_s * 1e6, gloo_us, r.raw_s * 1e6, size / r.meshfuse_s * r.bus_factor / 1e9, gloo_bw,
-              size / r.raw_s * r.bus_factor / 1e9, r.meshfuse_s / r.raw_s, (r.meshfuse_s - r.raw_s) * 1e6);
+  std::printf("%10s  %-14s", label, r.op);
+  for (double t : r.seconds)
+    if (t > 0)
+      std::printf("  %11.2f", t * 1e6);
+    else
+      std::printf("  %11s", "n/a");
+  auto ratio = [&](size_t a, size_t b) {
+    return r.seconds[a] > 0 && r.seconds[b] > 0 ? r.seconds[a] / r.seconds[b] : 0;
+  };
+  auto busbw = [&](size_t a) { return r.seconds[a] > 0 ? size / r.seconds[a] * r.bus_factor / 1e9 : 0; };
+  std::printf("  %9.3f  %9.3f  %10.3f  %10.3f\n", ratio(0, 1), ratio(2, 3), busbw(2), busbw(3));
   std::fflush(stdout);
 }
+
+#if MESHFUSE_HAVE_UCC
+// A raw UCC collective on `team`, blocking: what the UCC backend's Work does, minus meshfuse.
+void rawUcc(ucc_team_h team, ucc_coll_args_t args) {
+  ucc_coll_req_h request = nullptr;
+  ucc::check(ucc_collective_init(&args, &request, team), "ucc_collective_init");
+  ucc::check(ucc_collective_post(request), "ucc_collective_post");
+  ucc::Context& context = ucc::Context::instance();
+  ucc_status_t status;
+  do {
+    context.progress();
+    status = ucc_collective_test(request);
+  } while (status == UCC_INPROGRESS);
+  ucc::check(status, "ucc_collective_test");
+  ucc_collective_finalize(request);
+}
+
+ucc_coll_args_t uccArgs(ucc_coll_type_t type, void* src, uint64_t src_count, void* dst, uint64_t dst_count) {
+  ucc_coll_args_t args;
+  std::memset(&args, 0, sizeof args);
+  args.coll_type = type;
+  args.op = UCC_OP_SUM;
+  if (src) {
+    args.src.info = {src, src_count, UCC_DT_FLOAT32, UCC_MEMORY_TYPE_HOST};
+  } else {
+    args.mask = UCC_COLL_ARGS_FIELD_FLAGS;
+    args.flags = UCC_COLL_ARGS_FLAG_IN_PLACE;
+  }
+  args.dst.info = {dst, dst_count, UCC_DT_FLOAT32, UCC_MEMORY_TYPE_HOST};
+  return args;
+}
+#endif
 
 }  // namespace
 
@@ -106,51 +159,87 @@ int main(int argc, char** argv) {
 
   const double ring = static_cast<double>(n - 1) / static_cast<double>(n);
 
-  // Arguments: the largest size in MiB (default 64); --mpi-only leaves Gloo out.
-  int64_t max_bytes = int64_t{64} << 20;
-  bool with_gloo = true;
+  // Arguments: the largest size in MiB (default 256); --mpi-only leaves Gloo and UCC out.
+  int64_t max_bytes = int64_t{256} << 20;
+  bool others = true;
   for (int a = 1; a < argc; ++a) {
     if (std::string(argv[a]) == "--mpi-only")
-      with_gloo = false;
+      others = false;
     else
       max_bytes = std::atoll(argv[a]) << 20;
   }
-  Backend* gloo = with_gloo && comm.isAvailable(CommunicatorBackend::Gloo)
-                      ? &comm.backend(CommunicatorBackend::Gloo, world)
-                      : nullptr;
-  const bool printer = comm.rank() == 0;
-  if (printer) printHeader(n);
-  auto report = [&](const Row& row) {
-    if (printer) printRow(row);
+  auto backendIfBuilt = [&](CommunicatorBackend type) {
+    return others && comm.isAvailable(type) ? &comm.backend(type, world) : nullptr;
   };
+  Backend* gloo = backendIfBuilt(CommunicatorBackend::Gloo);
+  Backend* ucc = backendIfBuilt(CommunicatorBackend::Ucc);
+#if MESHFUSE_HAVE_UCC
+  // Raw UCC's own team of the world, in the process's UCC context (created by the backend above).
+  std::unique_ptr<ucc::Team> raw_team = ucc ? std::make_unique<ucc::Team>(comm, world, comm.rank(), kTimeout) : nullptr;
+#endif
+  const bool printer = comm.rank() == 0;
+  bool header = false;
   for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
     const int64_t block = bytes / 4 / n;  // floats per rank's block
     const int count = static_cast<int>(block);
-    Tensor full = Tensor::zeros({block * n}, DataType::Float);
-    Tensor part = Tensor::zeros({block}, DataType::Float);
-    std::fill_n(full.dataAs<float>(), full.numel(), 1.0f);
-    std::fill_n(part.dataAs<float>(), part.numel(), 1.0f);
-    Tensor full_raw = full.clone(), part_raw = part.clone();
-    Tensor full_gloo = full.clone(), part_gloo = part.clone();
-    // An empty function where Gloo is not built: measure() then skips the column.
-    auto onGloo = [&](std::function<void()> f) { return gloo ? f : std::function<void()>(); };
-
-    report(measure(
-        bytes, "allgather", ring, [&] { mpi.allgather(part, full)->wait(kTimeout); },
-        onGloo([&] { gloo->allgather(part_gloo, full_gloo)->wait(kTimeout); }),
-        [&] { MPI_Allgather(part_raw.data(), count, MPI_FLOAT, full_raw.data(), count, MPI_FLOAT, MPI_COMM_WORLD); }));
-    report(measure(
-        bytes, "allreduce", 2 * ring, [&] { mpi.allreduce(full, ReduceOp::Sum)->wait(kTimeout); },
-        onGloo([&] { gloo->allreduce(full_gloo, ReduceOp::Sum)->wait(kTimeout); }),
+    // Every path its own buffers, all ones.
+    std::vector<Tensor> fulls, parts;
+    for (int i = 0; i < 5; ++i) {
+      fulls.push_back(Tensor::zeros({block * n}, DataType::Float));
+      parts.push_back(Tensor::zeros({block}, DataType::Float));
+      std::fill_n(fulls.back().dataAs<float>(), block * n, 1.0f);
+      std::fill_n(parts.back().dataAs<float>(), block, 1.0f);
+    }
+    // A path that runs only where `backend` (or raw UCC) is there.
+    auto when = [](bool there, std::function<void()> f) { return there ? f : std::function<void()>(); };
+    const bool raw_ucc = ucc != nullptr;
+    auto row = [&](const char* op, double factor, std::function<void(Backend&, Tensor&, Tensor&)> through,
+                   std::function<void()> raw_mpi, std::function<void()> raw_ucc_call) {
+      std::vector<Path> paths = {
+          {"mf_mpi", [&] { through(mpi, fulls[0], parts[0]); }},
+          {"raw_mpi", raw_mpi},
+          {"mf_ucc", when(ucc, [&] { through(*ucc, fulls[2], parts[2]); })},
+          {"raw_ucc", when(raw_ucc, raw_ucc_call)},
+          {"mf_gloo", when(gloo, [&] { through(*gloo, fulls[4], parts[4]); })},
+      };
+      if (printer && !header) printHeader(n, paths);
+      header = true;
+      Row r = measure(bytes, op, factor, paths);
+      if (printer) printRow(r);
+    };
+#if MESHFUSE_HAVE_UCC
+    auto rawUccCall = [&](ucc_coll_args_t args) {
+      return std::function<void()>([&, args] { rawUcc(raw_team->handle(), args); });
+    };
+    const uint64_t total = static_cast<uint64_t>(block * n), mine = static_cast<uint64_t>(block);
+    std::function<void()> ucc_allgather =
+        raw_ucc ? rawUccCall(uccArgs(UCC_COLL_TYPE_ALLGATHER, parts[3].data(), mine, fulls[3].data(), total)) : nullptr;
+    std::function<void()> ucc_allreduce =
+        raw_ucc ? rawUccCall(uccArgs(UCC_COLL_TYPE_ALLREDUCE, nullptr, 0, fulls[3].data(), total)) : nullptr;
+    std::function<void()> ucc_reduce_scatter =
+        raw_ucc ? rawUccCall(uccArgs(UCC_COLL_TYPE_REDUCE_SCATTER, fulls[3].data(), total, parts[3].data(), mine))
+                : nullptr;
+#else
+    std::function<void()> ucc_allgather, ucc_allreduce, ucc_reduce_scatter;
+#endif
+    Tensor& full_raw = fulls[1];
+    Tensor& part_raw = parts[1];
+    row(
+        "allgather", ring, [](Backend& b, Tensor& full, Tensor& part) { b.allgather(part, full)->wait(kTimeout); },
+        [&] { MPI_Allgather(part_raw.data(), count, MPI_FLOAT, full_raw.data(), count, MPI_FLOAT, MPI_COMM_WORLD); },
+        ucc_allgather);
+    row(
+        "allreduce", 2 * ring,
+        [](Backend& b, Tensor& full, Tensor&) { b.allreduce(full, ReduceOp::Sum)->wait(kTimeout); },
         [&] {
           MPI_Allreduce(MPI_IN_PLACE, full_raw.data(), count * static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        }));
-    report(measure(
-        bytes, "reduce_scatter", ring, [&] { mpi.reduceScatter(full, part, ReduceOp::Sum)->wait(kTimeout); },
-        onGloo([&] { gloo->reduceScatter(full_gloo, part_gloo, ReduceOp::Sum)->wait(kTimeout); }),
-        [&] {
-          MPI_Reduce_scatter_block(full_raw.data(), part_raw.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        }));
+        },
+        ucc_allreduce);
+    row(
+        "reduce_scatter", ring,
+        [](Backend& b, Tensor& full, Tensor& part) { b.reduceScatter(full, part, ReduceOp::Sum)->wait(kTimeout); },
+        [&] { MPI_Reduce_scatter_block(full_raw.data(), part_raw.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+        ucc_reduce_scatter);
   }
 
   return 0;

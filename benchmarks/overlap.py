@@ -39,7 +39,7 @@ from overlap_patterns import (PATTERNS, OverlapProgram, communication_only, loca
                               local_part_of_communication_only)
 
 DTYPES = {"float32": DataType.Float, "float64": DataType.Double, "bfloat16": DataType.BFloat16}
-CPU_BACKENDS = (CommunicatorBackend.mpi, CommunicatorBackend.gloo)
+CPU_BACKENDS = (CommunicatorBackend.mpi, CommunicatorBackend.gloo, CommunicatorBackend.ucc)
 CUDA_BACKENDS = (CommunicatorBackend.cuda, CommunicatorBackend.nccl, CommunicatorBackend.mpi)
 GPU_NOTE = ("note: cuda/nccl chunks run on asynchronous CUDA streams; ranks sharing a GPU also share its "
             "multiprocessors, so compute alone is measured with every rank computing at once")
@@ -66,7 +66,7 @@ def parse_args():
                    "1024 4096 8192 on cuda)")
     p.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS))
-    p.add_argument("--backends", nargs="+", help="default: every available one of mpi gloo (cpu), cuda nccl mpi (cuda)")
+    p.add_argument("--backends", nargs="+", help="default: every available one of mpi gloo ucc (cpu), cuda nccl mpi (cuda)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="bfloat16 needs torch tensors")
     p.add_argument("--streams", type=int, default=2, help="number_of_streams: chunks in flight")
     p.add_argument("--sm-margins", type=int, nargs="+", default=[0],

@@ -175,6 +175,11 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     } else {
       program = lowerNew();
     }
+    // The ranks agree on the program, hence on its backend: one that needs a world-collective
+    // first step (UCC's context) takes it here, where every rank is.
+    if (multi && comm->size() > 1)
+      withTimeoutPolicy("preparing the communication backend over the world",
+                        [&] { comm->prepare(comm->resolve(params.lower.communicator_backend, device), timeout); });
     it = programs_.emplace(key, std::move(program)).first;
   }
   last_ = it->second;

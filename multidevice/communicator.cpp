@@ -20,9 +20,13 @@ namespace {
 
 // Function-local statics: registration runs during static initialization of other translation
 // units, in an order we do not control, so the registry must be built on first use.
-std::map<CommunicatorBackend, BackendFactory>& registry() {
-  static std::map<CommunicatorBackend, BackendFactory> factories;
-  return factories;
+struct Registered {
+  BackendFactory factory;
+  BackendWorldSetup world_setup;  // may be empty
+};
+std::map<CommunicatorBackend, Registered>& registry() {
+  static std::map<CommunicatorBackend, Registered> backends;
+  return backends;
 }
 std::mutex& registryMutex() {
   static std::mutex m;
@@ -65,9 +69,9 @@ std::string availableList(const std::vector<CommunicatorBackend>& types) {
 
 }  // namespace
 
-bool registerBackend(CommunicatorBackend type, BackendFactory factory) {
+bool registerBackend(CommunicatorBackend type, BackendFactory factory, BackendWorldSetup world_setup) {
   std::lock_guard<std::mutex> lock(registryMutex());
-  registry()[type] = std::move(factory);
+  registry()[type] = {std::move(factory), std::move(world_setup)};
   return true;
 }
 
@@ -207,7 +211,7 @@ Backend& Communicator::backend(CommunicatorBackend type, const std::vector<int64
   {
     std::lock_guard<std::mutex> lock(registryMutex());
     auto it = registry().find(type);
-    if (it != registry().end()) factory = it->second;
+    if (it != registry().end()) factory = it->second.factory;
   }
   if (!factory)
     throw std::invalid_argument("communicator backend '" + toString(type) +
@@ -218,6 +222,19 @@ Backend& Communicator::backend(CommunicatorBackend type, const std::vector<int64
   auto it = backends_.find(key);
   if (it == backends_.end()) it = backends_.emplace(key, factory(*this, team)).first;
   return *it->second;
+}
+
+void Communicator::prepare(CommunicatorBackend type, std::chrono::milliseconds timeout) {
+  BackendWorldSetup setup;
+  {
+    std::lock_guard<std::mutex> lock(registryMutex());
+    auto it = registry().find(type);
+    if (it != registry().end()) setup = it->second.world_setup;
+  }
+  if (!setup) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!prepared_.insert(type).second) return;
+  setup(*this, timeout);
 }
 
 void* Communicator::mpiCommFor(const std::vector<int64_t>& team) {

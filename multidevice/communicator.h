@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,9 +27,13 @@ class Communicator;
 // Builds a backend for `team` (called on every member of the team, at the same point).
 using BackendFactory = std::function<std::unique_ptr<Backend>(Communicator&, const std::vector<int64_t>& team)>;
 
+// What a backend may need done once per process, collectively over the whole world, before its
+// first team (UCC: its one context, whose address exchange spans the world). `timeout` bounds it.
+using BackendWorldSetup = std::function<void(Communicator&, std::chrono::milliseconds timeout)>;
+
 // Backends register themselves from their own .cpp file (static initialization), so adding one
 // needs no edit here. Returns true so it can initialize a static.
-bool registerBackend(CommunicatorBackend type, BackendFactory factory);
+bool registerBackend(CommunicatorBackend type, BackendFactory factory, BackendWorldSetup world_setup = nullptr);
 
 class Communicator {
  public:
@@ -61,6 +66,10 @@ class Communicator {
   // The cached backend for (type, team); the first call must be made by every member of the team.
   // Throws std::invalid_argument naming the available backends when `type` is not built.
   Backend& backend(CommunicatorBackend type, const std::vector<int64_t>& team);
+  // Collective over the world: runs `type`'s world setup (registerBackend) unless it has run in
+  // this process. The executor calls it for a new program's backend once the ranks agree on the
+  // program, so that a backend's first team may be any team.
+  void prepare(CommunicatorBackend type, std::chrono::milliseconds timeout);
 
   // Bootstrap helpers over the world (MPI), used by backends to exchange ids and by the
   // executor's pre-flight check. Each has a deadline: a rank that never arrives is an error.
@@ -88,6 +97,7 @@ class Communicator {
   std::mutex mutex_;
   std::map<std::pair<CommunicatorBackend, std::vector<int64_t>>, std::unique_ptr<Backend>> backends_;
   std::map<std::vector<int64_t>, void*> mpi_comms_;
+  std::set<CommunicatorBackend> prepared_;  // guarded by mutex_
 };
 
 }  // namespace meshfuse

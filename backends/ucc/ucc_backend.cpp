@@ -2,12 +2,13 @@
 
 #include <ucc/api/ucc.h>
 
-#include <cstdlib>
 #include <cstring>
 
 #include "backends/backend_checks.h"
 #include "backends/self_mailbox.h"
+#include "backends/ucc/ucc_context.h"
 #include "backends/ucc/ucc_memory.h"
+#include "backends/ucc/ucc_oob.h"
 #include "backends/ucc/ucc_team.h"
 #include "backends/ucc/ucc_types.h"
 #include "backends/ucc/ucc_work.h"
@@ -19,15 +20,11 @@ using ucc::UccWork;
 
 namespace {
 
+// The world setup creates the process's UCC context over the world (ucc_context.h).
 const bool registered = registerBackend(
     CommunicatorBackend::Ucc,
-    [](Communicator& c, const std::vector<int64_t>& team) { return std::make_unique<UccBackend>(c, team); });
-
-std::chrono::milliseconds timeoutFromEnvironment() {
-  const char* env = std::getenv("MESHFUSE_TIMEOUT");
-  const double seconds = env ? std::strtod(env, nullptr) : 0.0;
-  return std::chrono::milliseconds(static_cast<int64_t>((seconds > 0 ? seconds : 300.0) * 1000));
-}
+    [](Communicator& c, const std::vector<int64_t>& team) { return std::make_unique<UccBackend>(c, team); },
+    [](Communicator& c, std::chrono::milliseconds timeout) { ucc::Context::createForWorld(c, timeout); });
 
 // A tensor an operation takes: defined, contiguous, in memory this UCC build carries.
 void checkTensor(const Backend& backend, const std::string& op, const char* name, const Tensor& t) {
@@ -117,7 +114,7 @@ UccBackend::UccBackend(Communicator& communicator, const std::vector<int64_t>& t
       received_(team.size(), 0) {}
 
 UccBackend::UccBackend(Communicator& communicator, const std::vector<int64_t>& team)
-    : UccBackend(communicator, team, timeoutFromEnvironment()) {}
+    : UccBackend(communicator, team, ucc::timeoutFromEnvironment()) {}
 
 UccBackend::~UccBackend() = default;
 

@@ -1,9 +1,16 @@
 #include "backends/ucc/ucc_context.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <numeric>
 #include <stdexcept>
 #include <string>
+
+#include "backends/backend.h"
+#include "backends/ucc/ucc_oob.h"
+#include "multidevice/communicator.h"
 
 namespace meshfuse::ucc {
 
@@ -12,20 +19,58 @@ void check(ucc_status_t status, const char* what) {
 }
 
 namespace {
+
 bool progressThreadWanted() {
   const char* env = std::getenv("MESHFUSE_UCC_PROGRESS_THREAD");
   return env && std::strcmp(env, "1") == 0;
 }
+
+std::mutex& creationMutex() {
+  static std::mutex m;
+  return m;
+}
+// Leaked on purpose (see the header): a static destructor would run after MPI_Finalize and after
+// teams that still refer to the context.
+Context*& theContext() {
+  static Context* context = nullptr;
+  return context;
+}
+
+std::vector<int64_t> worldOf(const Communicator& communicator) {
+  std::vector<int64_t> world(static_cast<size_t>(communicator.size()));
+  std::iota(world.begin(), world.end(), 0);
+  return world;
+}
+
 }  // namespace
 
+void Context::createForWorld(Communicator& communicator, std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(creationMutex());
+  if (!theContext()) theContext() = new Context(&communicator, timeout);
+}
+
+Context& Context::forTeam(Communicator& communicator, const std::vector<int64_t>& team,
+                          std::chrono::milliseconds timeout) {
+  if (team == worldOf(communicator)) createForWorld(communicator, timeout);  // collective: every rank is here
+  std::lock_guard<std::mutex> lock(creationMutex());
+  if (!theContext()) {
+    std::fprintf(stderr,
+                 "meshfuse: warning: rank %lld: the first UCC team %s is not the world and the UCC backend was not "
+                 "prepared over the world (Communicator::prepare): its context has no world address exchange, so "
+                 "UCC's teams run over TCP instead of shared memory\n",
+                 static_cast<long long>(communicator.rank()), teamToString(team).c_str());
+    theContext() = new Context(nullptr, timeout);
+  }
+  return *theContext();
+}
+
 Context& Context::instance() {
-  // Leaked on purpose (see the header): a static destructor would run after MPI_Finalize and
-  // after teams that still refer to the context.
-  static Context* context = new Context();
+  Context* context = theContext();
+  if (!context) throw std::logic_error("ucc: no context yet (a UCC team creates it)");
   return *context;
 }
 
-Context::Context() {
+Context::Context(Communicator* world, std::chrono::milliseconds timeout) {
   const bool thread = progressThreadWanted();
   ucc_lib_config_h lib_config = nullptr;
   check(ucc_lib_config_read(nullptr, nullptr, &lib_config), "ucc_lib_config_read");
@@ -40,9 +85,16 @@ Context::Context() {
   ucc_context_config_h context_config = nullptr;
   check(ucc_context_config_read(lib_, nullptr, &context_config), "ucc_context_config_read");
   ucc_context_params_t context_params;
-  std::memset(&context_params, 0, sizeof context_params);  // no OOB: see the header
+  std::memset(&context_params, 0, sizeof context_params);
+  // Used only while the context is created (its address exchange), so a local suffices.
+  Oob oob{world, world ? worldOf(*world) : std::vector<int64_t>{}, std::chrono::steady_clock::now() + timeout, {}};
+  if (world) {
+    context_params.mask = UCC_CONTEXT_PARAM_FIELD_OOB;
+    context_params.oob = oob.coll(world->rank());
+  }
   const ucc_status_t created = ucc_context_create(lib_, &context_params, context_config, &context_);
   ucc_context_config_release(context_config);
+  oob.rethrow();  // a rank that did not come: CommunicationTimeout
   check(created, "ucc_context_create");
   if (thread) thread_ = std::thread([this] { runProgressThread(); });
 }

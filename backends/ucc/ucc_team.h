@@ -1,13 +1,12 @@
-// A UCC team over a meshfuse team, created collectively by its members. Its out-of-band
-// allgather (UCC's address exchange and team-id agreement) goes through the Communicator's MPI
-// (Communicator::allgatherBytes, which has a deadline): a member that never arrives fails team
-// creation on the others with a CommunicationTimeout instead of a hang.
+// A UCC team over a meshfuse team, created collectively by its members in the process's context
+// (ucc_context.h). Its out-of-band allgather (UCC's exchange of context ids and team-id agreement)
+// goes through the Communicator's MPI (ucc_oob.h): a member that never arrives fails team creation
+// on the others with a CommunicationTimeout instead of a hang.
 #pragma once
 #include <ucc/api/ucc.h>
 
 #include <chrono>
 #include <cstdint>
-#include <exception>
 #include <memory>
 #include <vector>
 
@@ -16,6 +15,8 @@ class Communicator;
 }
 
 namespace meshfuse::ucc {
+
+struct Oob;
 
 class Team {
  public:
@@ -27,14 +28,6 @@ class Team {
   Team(const Team&) = delete;
   Team& operator=(const Team&) = delete;
   ucc_team_h handle() const { return team_; }
-
-  // What UCC's OOB callbacks see (ucc_team.cpp).
-  struct Oob {
-    Communicator* communicator;
-    std::vector<int64_t> team;
-    std::chrono::steady_clock::time_point deadline;
-    std::exception_ptr error;  // the first failure of an exchange, rethrown by the constructor
-  };
 
  private:
   Communicator& communicator_;

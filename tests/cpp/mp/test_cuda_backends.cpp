@@ -2,8 +2,8 @@
 // GPU on a one-GPU machine): the MPI backend staging device tensors through the host, the CUDA IPC
 // backend (allgather, broadcast, send/recv by copy engine between the ranks' device buffers) on
 // the world, the reversed world and two parity sub-teams, and NCCL on teams of one (NCCL allows
-// one rank per GPU). Every rank checks its result against the contributions it recomputes.
-// Skipped without a GPU.
+// one rank per GPU), and UCC on CUDA memory where UCC was built with CUDA. Every rank checks its result against the
+// contributions it recomputes. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #if MESHFUSE_HAVE_CUDA
@@ -55,7 +55,10 @@ class CudaTensorCollectives : public ::testing::TestWithParam<Param> {
     return toString(backend_->type()) + " " + op + " " + toString(dtype_) + " on team " + teamToString(team_) +
            " at team rank " + std::to_string(me_);
   }
-  bool isMpi() const { return backend_->type() == CommunicatorBackend::Mpi; }
+  // MPI (staging) and UCC (built with CUDA) also carry host tensors and have every collective.
+  bool isMpi() const {
+    return backend_->type() == CommunicatorBackend::Mpi || backend_->type() == CommunicatorBackend::Ucc;
+  }
 
   DataType dtype_ = DataType::Float;
   std::vector<int64_t> team_;
@@ -140,7 +143,7 @@ TEST_P(CudaTensorCollectives, AllreduceWhereSupported) {
 }
 
 TEST_P(CudaTensorCollectives, HostTensorsAreRejectedByDeviceBackends) {
-  if (isMpi()) GTEST_SKIP() << "MPI carries host tensors";
+  if (isMpi()) GTEST_SKIP() << "MPI and UCC carry host tensors";
   Tensor h = Tensor::zeros({4}, dtype_), out = Tensor::zeros({4 * n_}, dtype_);
   EXPECT_THROW(backend_->allgather(h, out), std::invalid_argument);
 }
@@ -156,6 +159,14 @@ INSTANTIATE_TEST_SUITE_P(MpiStagingAndCudaIpc, CudaTensorCollectives,
                                             ::testing::Values(DataType::Float, DataType::Half, DataType::Int),
                                             ::testing::Values(TeamKind::World, TeamKind::Reversed, TeamKind::Parity)),
                          paramName);
+
+#if MESHFUSE_HAVE_UCC && MESHFUSE_UCC_CUDA  // UCC built with CUDA (scripts/build-ucc --cuda): CUDA memory directly
+INSTANTIATE_TEST_SUITE_P(UccCudaMemory, CudaTensorCollectives,
+                         ::testing::Combine(::testing::Values(CommunicatorBackend::Ucc),
+                                            ::testing::Values(DataType::Float, DataType::Half, DataType::Int),
+                                            ::testing::Values(TeamKind::World, TeamKind::Reversed, TeamKind::Parity)),
+                         paramName);
+#endif
 
 #if MESHFUSE_HAVE_NCCL
 // NCCL on a team of one (each rank its own team, all at once): every operation is enqueued on
