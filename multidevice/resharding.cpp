@@ -250,6 +250,7 @@ class ReshardingPass {
       const int b = compute.axis[d];
       if (b < 0) continue;
       const int64_t parts = mesh.size(meshParallelType(d));
+      if (parts == 1) continue;  // one block, the whole tensor: it always lines up
       const int a = inputAxisFor(e, 0, b);
       if (a < 0 || extentOf(e->inputs()[0], a) % parts != 0 || extentOf(e->out(), b) % parts != 0) compute.axis[d] = -1;
     }

@@ -362,6 +362,11 @@ class FusionFuzzer {
     }
     for (Node& node : pool_) {
       if (!chance(0.35)) continue;
+      // A reshape result is annotated only where its input is replicated: by design an annotation
+      // whose blocks a sharded input cannot produce locally is rejected (DESIGN.md), and whether
+      // they line up is resharding's to judge; unannotated, the result takes its input's sharding.
+      const Expr* def = node.tv->definition();
+      if (def && def->op() == OpType::Reshape && def->inputTv(0)->isSharded()) continue;
       std::vector<int64_t> even;
       for (size_t d = 0; d < node.shape.size(); ++d)
         if (node.shape[d] % n_ == 0) even.push_back(static_cast<int64_t>(d));
