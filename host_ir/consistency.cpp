@@ -6,6 +6,7 @@
 
 #include "host_ir/timeout_policy.h"
 #include "multidevice/communicator.h"
+#include "runtime/device_count.h"
 
 namespace meshfuse {
 
@@ -172,6 +173,10 @@ void checkNewProgramAgrees(const Fusion* lowered, std::exception_ptr failure, co
     }
     if (error.empty()) error = "(an exception without a message)";  // round 1 tells failure by a non-empty error
   }
+  // `auto` picks each team's backend from the node table (the same everywhere) and this node's GPU
+  // count, taken to stand for every node's: nodes that differ would pick different backends.
+  if (lowered && params.lower.communicator_backend == CommunicatorBackend::Auto && device.type == DeviceType::CUDA)
+    lines.push_back("auto: GPUs on the node " + std::to_string(cudaDeviceCountOrZero()));
   std::vector<int64_t> world(static_cast<size_t>(comm.size()));
   for (int64_t r = 0; r < comm.size(); ++r) world[static_cast<size_t>(r)] = r;
   withTimeoutPolicy("in the consistency check of a new program over the world (backend mpi)", [&] {

@@ -94,6 +94,11 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
       lowerCompute(e);
     }
   }
+  // `auto` is chosen per team: a team whose members each have a GPU of their own gets NCCL even
+  // where the world's ranks share GPUs (the choice for the world, above, only decides availability).
+  if (isMultiDevice(fusion))
+    for (Communication& c : hic_->communications)
+      c.backend = Communicator::instance().resolve(params_.communicator_backend, device, c.team);
   finishSegments(fusion);
   recordRandomBlocks(shapes);
   placeWaits();

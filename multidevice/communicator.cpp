@@ -108,14 +108,7 @@ Communicator::Communicator() {
   rank_ = rank;
   size_ = size;
 
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-  int local_rank = 0, local_size = 1;
-  MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-  local_rank_ = local_rank;
-  local_size_ = local_size;
+  nodes_ = NodeTopology::discover();
 
   // Handlers run in reverse order of registration, so this one runs before those registered
   // earlier (e.g. by libraries loaded before us) and after those registered later. A lambda in a
@@ -173,18 +166,23 @@ bool Communicator::isAvailable(CommunicatorBackend type) const {
   return registry().count(type) != 0;
 }
 
-CommunicatorBackend chooseAutoBackend(DeviceType device_type, bool nccl_available, int64_t ranks_on_node,
-                                      int64_t gpus_on_node) {
-  if (device_type == DeviceType::CUDA && nccl_available && gpus_on_node >= ranks_on_node)
-    return CommunicatorBackend::Nccl;
+CommunicatorBackend chooseAutoBackend(DeviceType device_type, bool nccl_available, bool members_share_a_gpu) {
+  if (device_type == DeviceType::CUDA && nccl_available && !members_share_a_gpu) return CommunicatorBackend::Nccl;
   return CommunicatorBackend::Mpi;
 }
 
-CommunicatorBackend Communicator::resolve(CommunicatorBackend requested, Device device) const {
+CommunicatorBackend Communicator::resolve(CommunicatorBackend requested, Device device,
+                                          const std::vector<int64_t>& team) const {
   if (requested != CommunicatorBackend::Auto) return requested;
   const bool cuda = device.type == DeviceType::CUDA;
-  return chooseAutoBackend(device.type, isAvailable(CommunicatorBackend::Nccl), local_size_,
-                           cuda ? cudaDeviceCountOrZero() : 0);
+  const int64_t gpus = cuda ? cudaDeviceCountOrZero() : 0;
+  return chooseAutoBackend(device.type, isAvailable(CommunicatorBackend::Nccl), nodes_.membersShareAGpu(team, gpus));
+}
+
+CommunicatorBackend Communicator::resolve(CommunicatorBackend requested, Device device) const {
+  std::vector<int64_t> world(static_cast<size_t>(size_));
+  std::iota(world.begin(), world.end(), 0);
+  return resolve(requested, device, world);
 }
 
 Backend& Communicator::backend(CommunicatorBackend type, const std::vector<int64_t>& team) {

@@ -12,14 +12,15 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "multidevice/node_topology.h"
 
 namespace meshfuse {
 
-// What `auto` means for tensors of `device_type`: NCCL when it is built and every rank of the node
-// has a GPU of its own (NCCL refuses two ranks on one GPU), else MPI, which carries every
-// communication (CUDA tensors staged through the host).
-CommunicatorBackend chooseAutoBackend(DeviceType device_type, bool nccl_available, int64_t ranks_on_node,
-                                      int64_t gpus_on_node);
+// What `auto` means for a team's tensors on `device_type`: NCCL when it is built and no two members
+// of the team share a GPU (NCCL refuses two ranks of one communicator on one GPU; see
+// NodeTopology::membersShareAGpu), else MPI, which carries every communication (CUDA tensors
+// staged through the host).
+CommunicatorBackend chooseAutoBackend(DeviceType device_type, bool nccl_available, bool members_share_a_gpu);
 
 class Communicator;
 // Builds a backend for `team` (called on every member of the team, at the same point).
@@ -40,14 +41,22 @@ class Communicator {
 
   int64_t rank() const { return rank_; }
   int64_t size() const { return size_; }
-  int64_t localRank() const { return local_rank_; }
-  int64_t localSize() const { return local_size_; }
+  // Node awareness (MPI's shared-memory split): this rank's place on its node, the node's id
+  // (0 .. nodeCount()-1, in order of the nodes' lowest ranks) and the whole world's table.
+  int64_t localRank() const { return nodes_.localRankOf(rank_); }
+  int64_t localSize() const { return nodes_.localSizeOf(rank_); }
+  int64_t nodeId() const { return nodes_.nodeOf(rank_); }
+  int64_t nodeCount() const { return nodes_.nodeCount(); }
+  const NodeTopology& nodes() const { return nodes_; }
   void barrier();
 
   // The backends compiled in and usable here (MPI always; Gloo, NCCL, CUDA when built).
   std::vector<CommunicatorBackend> availableBackends() const;
   bool isAvailable(CommunicatorBackend type) const;
-  // Resolves `auto` for tensors on `device` (chooseAutoBackend with this node's ranks and GPUs).
+  // Resolves `auto` for a team's tensors on `device` (chooseAutoBackend with the team's places on
+  // their nodes, every node assumed to have as many GPUs as this one: the ranks' check that they
+  // lowered the same program catches nodes that disagree). Without a team: the world's.
+  CommunicatorBackend resolve(CommunicatorBackend requested, Device device, const std::vector<int64_t>& team) const;
   CommunicatorBackend resolve(CommunicatorBackend requested, Device device) const;
   // The cached backend for (type, team); the first call must be made by every member of the team.
   // Throws std::invalid_argument naming the available backends when `type` is not built.
@@ -72,7 +81,8 @@ class Communicator {
  private:
   Communicator();
   ~Communicator();
-  int64_t rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int64_t rank_ = 0, size_ = 1;
+  NodeTopology nodes_;
   bool finalize_mpi_ = false;
   std::atomic<bool> broken_{false};
   std::mutex mutex_;

@@ -250,7 +250,7 @@ class ReshardingPass {
       const int b = compute.axis[d];
       if (b < 0) continue;
       const int64_t parts = mesh.size(meshParallelType(d));
-      if (parts == 1) continue;  // one block, the whole tensor: it always lines up
+      if (parts == 1) continue;  // one block: the whole tensor, whatever the axes
       const int a = inputAxisFor(e, 0, b);
       if (a < 0 || extentOf(e->inputs()[0], a) % parts != 0 || extentOf(e->out(), b) % parts != 0) compute.axis[d] = -1;
     }
@@ -259,10 +259,10 @@ class ReshardingPass {
 
   // Slice and cat compute a sharded output axis locally only where an input axis maps onto it
   // whole; a sliced or concatenated axis is computed replicated and sliced to its target after.
-  static Sharding unmappedAxesReplicated(const Expr* e, Sharding compute) {
-    for (int d = 0; d < kMeshDims; ++d) {
+  static Sharding unmappedAxesReplicated(const Expr* e, Sharding compute, const DeviceMesh& mesh) {
+    for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
       const int b = compute.axis[d];
-      if (b >= 0 && inputAxisFor(e, 0, b) < 0) compute.axis[d] = -1;
+      if (b >= 0 && mesh.size(meshParallelType(d)) > 1 && inputAxisFor(e, 0, b) < 0) compute.axis[d] = -1;
     }
     return compute;
   }
@@ -321,7 +321,7 @@ class ReshardingPass {
     }
     const Sharding wanted = compute;
     if (e->op() == OpType::Reshape) compute = reshapeComputeSharding(e, compute, compute_mesh);
-    if (e->op() == OpType::Slice || e->op() == OpType::Cat) compute = unmappedAxesReplicated(e, compute);
+    if (e->op() == OpType::Slice || e->op() == OpType::Cat) compute = unmappedAxesReplicated(e, compute, compute_mesh);
     if (target && !(compute == wanted)) checkViewAnnotationHonoured(e, inputs, wanted, compute, compute_mesh);
     // Linear with bias and a Partial result: add the bias once, after the reduction.
     if (e->op() == OpType::Linear && inputs.size() == 3 &&

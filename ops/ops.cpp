@@ -212,12 +212,6 @@ std::pair<TensorView*, TensorView*> varMean(TensorView* x, std::vector<int64_t> 
   if (!isFloatingPoint(x->dtype()))
     throw UserError("var_mean: " + x->name() + " must be floating point, got " + toString(x->dtype()));
   axes = normalizeAxes(axes, x->ndim(), "var_mean(" + x->name() + ")");
-  int64_t n = 1;
-  for (int64_t a : axes) {
-    if (x->shape()[a] < 0)
-      throw UserError("var_mean(" + x->name() + "): axis " + std::to_string(a) + " must have a known extent");
-    n *= x->shape()[a];
-  }
   if (correction < 0) throw UserError("var_mean: correction must be >= 0, got " + std::to_string(correction));
   Fusion* f = x->fusion();
   // Two passes over the data (mean, then the centred squares): exact enough in fp32 where a
@@ -225,13 +219,33 @@ std::pair<TensorView*, TensorView*> varMean(TensorView* x, std::vector<int64_t> 
   TensorView* mean = reduction(OpType::Mean, x, axes, keepdim);
   TensorView* mean_full = mean;
   if (!keepdim) {
-    std::vector<int64_t> kept;
+    // To x's rank with extent 1 on the reduced axes (a symbolic extent there could not be
+    // resolved), then broadcast by the subtraction.
+    std::vector<int64_t> kept, shape = x->shape();
     for (int64_t d = 0; d < x->ndim(); ++d)
-      if (std::find(axes.begin(), axes.end(), d) == axes.end()) kept.push_back(d);
-    mean_full = broadcastInDim(mean, x->shape(), kept);
+      if (std::find(axes.begin(), axes.end(), d) == axes.end())
+        kept.push_back(d);
+      else
+        shape[d] = 1;
+    mean_full = broadcastInDim(mean, shape, kept);
   }
-  TensorView* centred = binary(OpType::Sub, x, mean_full);
-  TensorView* ssq = reduction(OpType::Sum, unary(OpType::Square, centred), axes, keepdim);
+  TensorView* squares = unary(OpType::Square, binary(OpType::Sub, x, mean_full));
+  // The count N of reduced elements: known at definition time, or (symbolic extents, nvFuser's
+  // usual define_tensor([-1, -1])) only at execution, where a mean divides by it.
+  int64_t n = 1;
+  for (int64_t a : axes) n = (n < 0 || x->shape()[a] < 0) ? -1 : n * x->shape()[a];
+  if (n < 0 && correction == 0) return {reduction(OpType::Mean, squares, axes, keepdim), mean};
+  if (n < 0) {  // sum / (N - correction), with N counted at execution as a sum of ones
+    TensorView* ones =
+        where(binary(OpType::Eq, x, x), f->newScalar(DataType::Double, 1.0), f->newScalar(DataType::Double, 1.0));
+    // Counted in Float (exact to 2^24; Half is exact only to 2048), Double for Double.
+    if (x->dtype() == DataType::Double) ones = cast(ones, DataType::Double);
+    TensorView* count = reduction(OpType::Sum, ones, axes, keepdim);
+    TensorView* denom = binary(OpType::Sub, count, f->newScalar(DataType::Double, static_cast<double>(correction)));
+    TensorView* var = binary(OpType::Div, reduction(OpType::Sum, squares, axes, keepdim), denom);
+    return {var->dtype() == x->dtype() ? var : cast(var, x->dtype()), mean};
+  }
+  TensorView* ssq = reduction(OpType::Sum, squares, axes, keepdim);
   const double denom = static_cast<double>(std::max<int64_t>(n - correction, 0));
   TensorView* var = binary(OpType::Div, ssq, f->newScalar(DataType::Double, denom));
   return {var, mean};

@@ -26,6 +26,13 @@ std::vector<int64_t> intsOf(const py::iterable& items, const char* what) {
   return out;
 }
 
+int64_t checkedRank(const Communicator& c, int64_t rank) {
+  if (rank < 0 || rank >= c.size())
+    throw py::index_error("rank " + std::to_string(rank) + " is not in the world (size " + std::to_string(c.size()) +
+                          ")");
+  return rank;
+}
+
 DeviceMesh makeMesh(const py::iterable& devices, const py::object& shape) {
   std::vector<int64_t> ids = intsOf(devices, "devices");
   if (shape.is_none()) return DeviceMesh(std::move(ids));
@@ -69,6 +76,21 @@ void bindMultidevice(py::module_& m) {
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("local_rank", &Communicator::localRank)
       .def_property_readonly("local_size", &Communicator::localSize)
+      .def_property_readonly("node_id", &Communicator::nodeId,
+                             "This rank's node (0 .. node_count-1, nodes in order of their lowest rank)")
+      .def_property_readonly("node_count", &Communicator::nodeCount)
+      .def(
+          "node_of", [](const Communicator& c, int64_t rank) { return c.nodes().nodeOf(checkedRank(c, rank)); },
+          py::arg("rank"), "The node a world rank runs on")
+      .def(
+          "node_name",
+          [](const Communicator& c, int64_t node) {
+            if (node < 0 || node >= c.nodeCount())
+              throw py::index_error("node " + std::to_string(node) + " is not in 0.." +
+                                    std::to_string(c.nodeCount() - 1));
+            return c.nodes().nodeName(node);
+          },
+          py::arg("node"), "A node's host name (that of its lowest rank)")
       .def("barrier", &Communicator::barrier, py::call_guard<py::gil_scoped_release>())
       .def("available_backends", &Communicator::availableBackends)
       .def("is_available", &Communicator::isAvailable, py::arg("backend"))

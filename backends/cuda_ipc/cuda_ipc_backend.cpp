@@ -1,7 +1,5 @@
 #include "backends/cuda_ipc/cuda_ipc_backend.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -41,12 +39,6 @@ T fromBytes(const std::string& s) {
   return v;
 }
 
-std::string hostName() {
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return name;
-}
-
 [[noreturn]] void notSupported(const std::string& op) {
   throw std::invalid_argument(op +
                               " is not supported by the cuda backend (it has allgather, broadcast, send/recv and "
@@ -84,11 +76,9 @@ struct CudaIpcBackend::Impl {
     MESHFUSE_CUDA_CHECK(cudaEventCreateWithFlags(&staging_free, cudaEventDisableTiming));
     MESHFUSE_CUDA_CHECK(cudaEventRecord(staging_free, cuda::currentStream(device)));
     struct Hello {
-      char host[64];
       int32_t device;
       cudaIpcEventHandle_t ready, read;
     } hello{};
-    std::strncpy(hello.host, hostName().c_str(), sizeof hello.host - 1);
     hello.device = device;
     MESHFUSE_CUDA_CHECK(cudaIpcGetEventHandle(&hello.ready, ready));
     MESHFUSE_CUDA_CHECK(cudaIpcGetEventHandle(&hello.read, read));
@@ -96,9 +86,6 @@ struct CudaIpcBackend::Impl {
     for (size_t r = 0; r < team.size(); ++r) {
       Hello h = fromBytes<Hello>(all[r]);
       peers[r].world_rank = team[r];
-      if (std::strncmp(h.host, hello.host, sizeof h.host) != 0)
-        throw std::invalid_argument(description + ": world rank " + std::to_string(team[r]) + " runs on host " +
-                                    h.host + ", not " + hello.host + "; the cuda backend is intra-node only");
       if (static_cast<int64_t>(r) == me) continue;
       MESHFUSE_CUDA_CHECK(cudaIpcOpenEventHandle(&peers[r].ready, h.ready));
       MESHFUSE_CUDA_CHECK(cudaIpcOpenEventHandle(&peers[r].read, h.read));
@@ -193,6 +180,13 @@ struct CudaIpcBackend::Impl {
 CudaIpcBackend::CudaIpcBackend(Communicator& communicator, const std::vector<int64_t>& team)
     : Backend(CommunicatorBackend::Cuda, team, communicator.rank()) {
   const std::string what = "cuda backend, team " + teamToString(team);
+  // CUDA IPC maps peers' device memory, which only works within one node. Every member sees the
+  // same node table, so every member throws this same error before any exchange.
+  const NodeTopology& nodes = communicator.nodes();
+  if (const auto spanned = nodes.nodesOf(team); spanned.size() > 1)
+    throw std::invalid_argument(what + " spans " + std::to_string(spanned.size()) + " nodes (" + nodes.describe(team) +
+                                "), but CUDA IPC reaches only the GPUs of one node: use the nccl backend (or "
+                                "ucc, mpi) for a team across nodes");
   std::string why;
   const int devices = cuda::deviceCount(&why);
   if (devices == 0) throw std::invalid_argument(what + ": no CUDA device (" + why + ")");

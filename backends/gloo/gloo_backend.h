@@ -1,9 +1,10 @@
 // The Gloo backend: every operation of Backend over a Gloo context of the team's own (TCP
-// transport, FileStore rendezvous, see gloo_rendezvous.h). Gloo's collectives block, so each
-// backend runs them on one worker thread in posting order, and a Work waits on the operation's
-// future; sends and receives are posted at once on Gloo's unbound buffers and waited for on a
-// thread each, so they never queue behind a collective. CUDA tensors are staged through host
-// memory. Gloo headers stay out of this header (tests and other modules do not link Gloo).
+// transport; the pairs' addresses are exchanged over MPI, see gloo_rendezvous.h). Gloo's
+// collectives block, so each backend runs them on one worker thread in posting order, and a Work
+// waits on the operation's future; sends and receives are posted at once on Gloo's unbound buffers
+// and waited for on a thread each, so they never queue behind a collective. CUDA tensors are
+// staged through host memory. Gloo headers stay out of this header (tests and other modules do
+// not link Gloo).
 #pragma once
 #include <atomic>
 #include <chrono>

@@ -1,121 +1,110 @@
 #include "backends/gloo/gloo_rendezvous.h"
 
-#include <gloo/barrier.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
+#include <gloo/context.h>
+#include <gloo/transport/context.h>
 #include <gloo/transport/tcp/device.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cerrno>
-#include <cstdlib>
+#include <cstdint>
 #include <cstring>
-#include <filesystem>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "backends/backend.h"
+#include "backends/gloo/gloo_interface.h"
 #include "multidevice/communicator.h"
+#include "multidevice/debug_log.h"
 
 namespace meshfuse::gloo_backend {
 
 namespace {
 
-// Every member contributes one fixed-size record (Communicator::allgatherBytes wants equal
-// sizes): a status byte, the store directory (team rank 0 only) or why it could not be made,
-// and the member's host name.
-constexpr size_t kPathField = 1024, kHostField = 256;
-constexpr char kOk = 'P', kFailed = 'E';
-
-std::string field(const std::string& text, size_t width) {
-  std::string out = text.substr(0, width - 1);
-  out.resize(width, '\0');
-  return out;
-}
-std::string unfield(const std::string& record, size_t offset, size_t width) {
-  std::string out = record.substr(offset, width);
-  return out.substr(0, out.find('\0'));
-}
-
-std::string hostName() {
-  char name[kHostField] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "localhost";
-  return name;
-}
-
-// Made by team rank 0; removed (with the store's files) when it goes out of scope.
-class StoreDirectory {
+// A gloo::Context whose pairs are connected through addresses exchanged over MPI. Gloo's own
+// rendezvous wants a key-value Store (files, Redis); the device and transport context it would
+// set are protected members, so a subclass sets them here.
+class MpiConnectedContext final : public ::gloo::Context {
  public:
-  StoreDirectory() {
-    const char* base = std::getenv("MESHFUSE_GLOO_STORE_DIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/meshfuse-gloo-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) {
-      error_ = "mkdtemp(" + pattern + ") failed: " + std::strerror(errno) +
-               " (set MESHFUSE_GLOO_STORE_DIR to a writable directory)";
-      return;
+  MpiConnectedContext(int rank, int size) : ::gloo::Context(rank, size) {}
+
+  // Makes a pair for every other member; returns, for each team rank, the length and bytes of
+  // the address of the pair made for it (empty for this member itself).
+  std::string makePairs(const std::shared_ptr<::gloo::transport::Device>& device) {
+    device_ = device;
+    transportContext_ = device->createContext(rank, size);
+    transportContext_->setTimeout(getTimeout());
+    std::string record;
+    for (int peer = 0; peer < size; ++peer) {
+      std::vector<char> bytes;
+      if (peer != rank) bytes = transportContext_->createPair(peer)->address().bytes();
+      const uint32_t n = static_cast<uint32_t>(bytes.size());
+      record.append(reinterpret_cast<const char*>(&n), sizeof n);
+      record.append(bytes.data(), bytes.size());
     }
-    path_ = pattern;
+    return record;
   }
-  ~StoreDirectory() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+
+  // records[peer]: what makePairs returned on that peer.
+  void connectPairs(const std::vector<std::string>& records) {
+    for (int peer = 0; peer < size; ++peer)
+      if (peer != rank) transportContext_->getPair(peer)->connect(entry(records.at(static_cast<size_t>(peer)), rank));
   }
-  const std::string& path() const { return path_; }
-  const std::string& error() const { return error_; }
 
  private:
-  std::string path_, error_;
+  // The `index`-th length-prefixed entry of a record.
+  static std::vector<char> entry(const std::string& record, int index) {
+    size_t at = 0;
+    for (int i = 0;; ++i) {
+      uint32_t n = 0;
+      if (at + sizeof n > record.size()) throw std::logic_error("gloo rendezvous: a peer sent a truncated record");
+      std::memcpy(&n, record.data() + at, sizeof n);
+      at += sizeof n;
+      if (at + n > record.size()) throw std::logic_error("gloo rendezvous: a peer sent a truncated record");
+      if (i == index) return std::vector<char>(record.begin() + at, record.begin() + at + n);
+      at += n;
+    }
+  }
 };
 
-::gloo::transport::tcp::attr deviceAttributes(const std::vector<std::string>& records) {
-  ::gloo::transport::tcp::attr attr;
-  if (const char* iface = std::getenv("MESHFUSE_GLOO_IFACE"); iface && *iface) {
-    attr.iface = iface;
-    return attr;
-  }
-  const std::string mine = hostName();
-  const bool one_host = std::all_of(records.begin(), records.end(), [&](const std::string& r) {
-    return unfield(r, 1 + kPathField, kHostField) == mine;
-  });
-  attr.hostname = one_host ? "127.0.0.1" : mine;
-  return attr;
-}
+constexpr char kPairs = 'P', kFailed = 'E';
 
 }  // namespace
 
 std::shared_ptr<::gloo::Context> connectTeam(Communicator& communicator, const std::vector<int64_t>& team,
                                              int rank_in_team, std::chrono::milliseconds timeout) {
   const std::string where = "gloo backend for team " + teamToString(team);
-  std::unique_ptr<StoreDirectory> directory;
+  auto context = std::make_shared<MpiConnectedContext>(rank_in_team, static_cast<int>(team.size()));
+  context->setTimeout(timeout);
+  // A member that cannot make its device still takes part in the exchange, with its reason in
+  // place of addresses, so that every member throws at once instead of waiting for it.
+  DeviceChoice choice;
   std::string record;
-  if (rank_in_team == 0) {
-    directory = std::make_unique<StoreDirectory>();
-    const bool ok = directory->error().empty();
-    record = std::string(1, ok ? kOk : kFailed) + field(ok ? directory->path() : directory->error(), kPathField);
-  } else {
-    record = std::string(1, kOk) + field("", kPathField);
-  }
-  record += field(hostName(), kHostField);
-  const std::vector<std::string> records = communicator.allgatherBytes(team, record, timeout);
-  const std::string store_path = unfield(records[0], 1, kPathField);
-  if (records[0][0] != kOk)  // every member throws the same error
-    throw std::runtime_error(where + ": team rank 0 could not create the rendezvous directory: " + store_path);
-
-  const int size = static_cast<int>(team.size());
   try {
-    auto device = ::gloo::transport::tcp::CreateDevice(deviceAttributes(records));
-    auto context = std::make_shared<::gloo::rendezvous::Context>(rank_in_team, size);
-    context->setTimeout(timeout);
-    ::gloo::rendezvous::FileStore store(store_path);
-    context->connectFullMesh(store, device);
-    // Every member is connected once this returns, so the store directory can go.
-    ::gloo::BarrierOptions barrier(context);
-    barrier.setTimeout(timeout);
-    ::gloo::barrier(barrier);
-    return context;
+    choice = chooseDevice(communicator.nodes().nodesOf(team).size() == 1);
+    ::gloo::transport::tcp::attr attr;
+    attr.iface = choice.iface;
+    attr.hostname = choice.address;
+    record = kPairs + context->makePairs(::gloo::transport::tcp::CreateDevice(attr));
   } catch (const std::exception& e) {
-    throw std::runtime_error(where + " (store " + store_path + "): connecting the team failed: " + e.what());
+    record = kFailed + (choice.reason.empty() ? "" : choice.reason + ": ") + e.what();
   }
+  if (record[0] == kPairs && debug::enabled(debug::Level::Info))
+    debug::info(where + ": TCP device on " + choice.reason + "; addresses exchanged over MPI");
+  std::vector<std::string> records = communicator.allgatherBytes(team, record, timeout);
+  for (size_t r = 0; r < records.size(); ++r)
+    if (records[r].empty() || records[r][0] != kPairs)
+      throw std::runtime_error(where + ": rank " + std::to_string(team[r]) + " (on " +
+                               communicator.nodes().nodeName(communicator.nodes().nodeOf(team[r])) +
+                               ") could not make its TCP device: " + records[r].substr(records[r].empty() ? 0 : 1));
+  for (std::string& r : records) r.erase(0, 1);
+  try {
+    context->connectPairs(records);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(where + ": connecting rank " + std::to_string(communicator.rank()) + " (" + choice.reason +
+                             ") to the team's other members failed: " + e.what() +
+                             " (set MESHFUSE_GLOO_IFACE to an interface that reaches them)");
+  }
+  return context;
 }
 
 }  // namespace meshfuse::gloo_backend

@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "multidevice/communicator.h"
@@ -80,8 +81,27 @@ NcclBackend::NcclBackend(Communicator& communicator, const std::vector<int64_t>&
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (rankInTeam() == 0) NCCL_CALL(ncclGetUniqueId(&id));
+  // One GPU per member: NCCL refuses two ranks of one communicator on one GPU, late and on some
+  // ranks only. Each member checks the members on its own node (it knows that node's GPU count)
+  // and says so in the id exchange, so every member throws the same error before NCCL starts.
+  const NodeTopology& nodes = communicator.nodes();
+  std::vector<int64_t> my_node_members;
+  for (int64_t r : team)
+    if (nodes.nodeOf(r) == communicator.nodeId()) my_node_members.push_back(r);
+  const bool shared = nodes.membersShareAGpu(my_node_members, devices);
   std::vector<std::string> ids = communicator.allgatherBytes(
-      team, std::string(reinterpret_cast<const char*>(&id), sizeof id), cuda::bootstrapTimeout());
+      team, std::string(reinterpret_cast<const char*>(&id), sizeof id) + (shared ? 'S' : '-'),
+      cuda::bootstrapTimeout());
+  std::vector<int64_t> crowded;  // the members on nodes where members share a GPU
+  for (size_t i = 0; i < team.size(); ++i)
+    if (ids[i].back() == 'S')
+      for (int64_t r : team)
+        if (nodes.nodeOf(r) == nodes.nodeOf(team[i]) && std::find(crowded.begin(), crowded.end(), r) == crowded.end())
+          crowded.push_back(r);
+  if (!crowded.empty())
+    throw std::invalid_argument(state_->description + ": members would share a GPU (" + nodes.describe(crowded) +
+                                "; each rank uses GPU local rank % GPUs of its node), but NCCL needs one GPU per "
+                                "member: run fewer ranks per node, or use the cuda or mpi backend");
   std::memcpy(&id, ids.at(0).data(), sizeof id);
   cuda::DeviceGuard guard(device_);
   NCCL_CALL(ncclCommInitRank(&state_->comm, static_cast<int>(teamSize()), id, static_cast<int>(rankInTeam())));

@@ -60,6 +60,36 @@ void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int
   }
 }
 
+// Row reductions in kLanes partial results, so that GCC vectorizes them without -ffast-math
+// (a single running max or sum is a serial dependency it must not reorder).
+constexpr int64_t kLanes = 8;
+
+template <typename T>
+T rowMax(const T* x, int64_t n, T init) {
+  T lanes[kLanes];
+  std::fill(lanes, lanes + kLanes, init);
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = std::max(lanes[l], x[c + l]);
+  for (; c < n; ++c) lanes[0] = std::max(lanes[0], x[c]);
+  return *std::max_element(lanes, lanes + kLanes);
+}
+
+// x[c] = e^(x[c] - shift) for c < n; returns their sum.
+template <typename T>
+T expShiftSum(T* x, int64_t n, T shift) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) x[c] = expOf<T>(x[c] - shift);
+  T lanes[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[c + l];
+  for (; c < n; ++c) lanes[0] += x[c];
+  T sum = 0;
+  for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
+  return sum;
+}
+
 }  // namespace
 
 // head.v == nullptr: only log_sumexp is computed (the Double backward recomputes it exactly).
@@ -86,18 +116,13 @@ void attentionForwardHead(const AttentionParams& p, const HeadPointers<T>& head)
       for (int64_t r = 0; r < bq; ++r) {
         T* row = s.data() + r * bk;
         const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
-        T mx = m[r];
-        for (int64_t c = 0; c < visible; ++c) mx = std::max(mx, row[c]);
+        const T mx = rowMax(row, visible, m[r]);
         if (mx == kNegInf) {  // no key seen yet by this row
           std::fill(row, row + bk, T(0));
           continue;
         }
         const T alpha = expOf<T>(m[r] - mx);  // rescales what earlier tiles summed
-        T sum = 0;
-        for (int64_t c = 0; c < visible; ++c) {
-          row[c] = expOf<T>(row[c] - mx);
-          sum += row[c];
-        }
+        const T sum = expShiftSum(row, visible, mx);
         std::fill(row + visible, row + bk, T(0));
         l[r] = l[r] * alpha + sum;
         m[r] = mx;
@@ -148,6 +173,7 @@ void attentionBackwardHead(const AttentionParams& p, const HeadPointers<T>& head
         T* row = s.data() + r * bk;
         const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
         const T lse = head.lse[i0 + r];
+#pragma omp simd
         for (int64_t c = 0; c < visible; ++c) row[c] = expOf<T>(row[c] - lse);
         std::fill(row + visible, row + bk, T(0));
       }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
@@ -124,7 +125,12 @@ ComputeType chooseComputeType(const std::vector<const Expr*>& exprs) {
     if (isFloatingPoint(d)) all_integer = false;
   };
   for (const Expr* e : exprs) {
-    for (const Val* v : e->inputs()) visit(v);
+    for (const Val* v : e->inputs()) {
+      visit(v);
+      // A comparison of integers with a floating-point number compares the values (x < 0.5 holds
+      // for x = 0, as in torch and numpy), not the number truncated to an integer.
+      if (!v->isTensor() && isComparison(e->op()) && isFloatingPoint(v->dtype())) wide = true, all_integer = false;
+    }
     visit(e->out());
     if (!isIntegerExact(e->op())) all_integer = false;
   }
@@ -247,6 +253,34 @@ void fillRandom(const Step& s, int64_t start, T* out, int64_t n) {
   }
 }
 
+// uniform() draws from [minval, maxval), but a draw rounded to its dtype can become maxval
+// (Half: 0.9998 rounds to 1.0, a thousand times in 2^22 draws; Float: 2 + 3 * (1 - 2^-24) rounds to 5).
+// Such a value steps down to the dtype's largest value below maxval.
+inline uint16_t nextDown16(uint16_t bits) {  // Half and BFloat16 are sign-magnitude
+  if (bits & 0x8000u) return static_cast<uint16_t>(bits + 1);
+  return bits == 0 ? uint16_t{0x8001} : static_cast<uint16_t>(bits - 1);
+}
+
+template <typename T>
+void keepBelowMax(DataType dtype, double lo, double hi, T* out, int64_t n) {
+  if (!(hi > lo)) return;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(static_cast<double>(out[i]) >= hi)) continue;
+    dispatchStorage(dtype, [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      if constexpr (std::is_same_v<S, HalfBits> || std::is_same_v<S, BFloat16Bits>) {
+        S s = Elem<S>::template store<T>(out[i]);
+        while (Elem<S>::template load<double>(s) >= hi) s.bits = nextDown16(s.bits);
+        out[i] = Elem<S>::template load<T>(s);
+      } else if constexpr (std::is_floating_point_v<S>) {
+        S s = static_cast<S>(out[i]);
+        while (static_cast<double>(s) >= hi) s = std::nextafter(s, -std::numeric_limits<S>::infinity());
+        out[i] = static_cast<T>(s);
+      }
+    });
+  }
+}
+
 template <typename T>
 void runStep(const Step& s, const std::vector<const T*>& ptr, T* out, int64_t start, int64_t n) {
   auto operand = [&](const Operand& o) {
@@ -268,6 +302,7 @@ void runStep(const Step& s, const std::vector<const T*>& ptr, T* out, int64_t st
   if (isCreation(s.op) && s.cast_to != DataType::Float && s.cast_to != DataType::Double)
     applyRounding<T>(s.cast_to, out, out, n);
   if (s.round && s.op != OpType::Cast) applyRounding<T>(s.cast_to, out, out, n);
+  if (s.op == OpType::Uniform) keepBelowMax<T>(s.cast_to, s.a.scalar, s.b.scalar, out, n);
 }
 
 template <typename T>

@@ -1,8 +1,10 @@
-// makeCudaExecutor(): runs a Segment on one GPU. The segment's exprs are taken in order: each
+// makeCudaExecutor(): runs a Segment on one GPU. A normalization segment is one persistent kernel
+// (runtime/cuda/normalization.h) where that scheduler takes it. Otherwise the segment's exprs are taken in order: each
 // maximal run of pointwise exprs becomes ONE generated kernel per output shape (the whole chain
 // fused, intermediates in registers), reductions a generated reduction kernel, matmul/linear
 // cuBLASLt, views a restride. Everything is enqueued on the device's current stream.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
@@ -12,6 +14,7 @@
 #include "ops/shape_inference.h"
 #include "runtime/cuda/attention.h"
 #include "runtime/cuda/matmul.h"
+#include "runtime/cuda/normalization.h"
 #include "runtime/cuda/pointwise_kernel.h"
 #include "runtime/cuda/reduction.h"
 #include "runtime/cuda/streams.h"
@@ -34,6 +37,7 @@ class SegmentRun {
   }
 
   void execute() {
+    if (seg_.kind == Segment::Kind::Normalization && runFusedNormalization()) return;
     const auto& exprs = seg_.exprs;
     for (size_t i = 0; i < exprs.size();) {
       if (isPointwise(exprs[i]->op())) {
@@ -165,8 +169,59 @@ class SegmentRun {
       prog.outputs.push_back(operand_of.at(e->out()).index);
       outputs.push_back(allocate(e->out(), computed_shapes_.at(e->out())));
     }
-    cuda::runPointwise(device_, prog, inputs, scalars, outputs);
+    std::vector<cuda::RandomIndex> random;
+    for (const Expr* e : slice)
+      if (isRandom(e->op())) random.push_back(randomIndex(*e, computed_shapes_.at(producers.front()->out())));
+    cuda::runPointwise(device_, prog, inputs, scalars, outputs, random);
     for (size_t i = 0; i < producers.size(); ++i) bind(producers[i]->out(), outputs[i]);
+  }
+
+  // The whole segment as one normalization kernel (runtime/cuda/normalization.h); false (nothing
+  // run) when the scheduler does not take it, and the exprs then run one by one.
+  bool runFusedNormalization() {
+    std::vector<Tensor> outputs;
+    for (TensorView* out : seg_.outputs) {
+      auto it = shapes_.find(out);
+      if (it == shapes_.end()) return false;
+      outputs.push_back(allocate(out, it->second));
+    }
+    for (const Val* v : seg_.inputs)
+      if (v->isTensor()) tensor(v);  // device, dtype and shape checks
+    auto launch = cuda::prepareNormalization(seg_, shapes_, values_, outputs);
+    if (!launch) return false;
+    cuda::runNormalization(device_, *launch);
+    for (size_t i = 0; i < outputs.size(); ++i) values_.tensors[seg_.outputs[i]] = outputs[i];
+    return true;
+  }
+
+  // Where a random op's elements sit in its global tensor, over the iteration shape `iter` of the
+  // kernel that computes it (its own shape, or a larger one it is broadcast into).
+  cuda::RandomIndex randomIndex(const Expr& e, const std::vector<int64_t>& iter) {
+    for (size_t k = 2; k < 4; ++k) {  // rng_seed, rng_offset: what the Philox counter and key take
+      const double x = values_.scalar(e.input(k));
+      if (!(x >= 0) || x != std::floor(x) || x > 0x1p63)
+        throw std::invalid_argument(toString(e.op()) + ": " + (k == 2 ? "rng_seed" : "rng_offset") +
+                                    " must be a non-negative integer, got " + std::to_string(x));
+    }
+    const std::vector<int64_t> local = tensorShape(e.out());
+    std::vector<int64_t> global = local, offsets(local.size(), 0);
+    if (auto it = seg_.global_blocks.find(e.out()); it != seg_.global_blocks.end()) {
+      global = it->second.global_shape;
+      offsets = it->second.offsets;
+    }
+    cuda::RandomIndex r;
+    r.identity = local == iter && global == local;
+    if (r.identity) return r;
+    if (local.size() > iter.size() || global.size() != local.size() || offsets.size() != local.size())
+      throw std::logic_error("CUDA executor: the block of " + e.out()->name() + " does not match its shape");
+    const std::vector<int64_t> gstrides = contiguousStrides(global);
+    const size_t lead = iter.size() - local.size();
+    r.strides.assign(iter.size(), 0);
+    for (size_t j = 0; j < local.size(); ++j) {
+      r.base += offsets[j] * gstrides[j];
+      if (!(local[j] == 1 && iter[lead + j] != 1)) r.strides[lead + j] = gstrides[j];
+    }
+    return r;
   }
 
   void runSingle(const Expr& e) {

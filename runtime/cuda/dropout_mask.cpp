@@ -70,8 +70,8 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype) {
                 static_cast<float>(p.dropout_p),
                 static_cast<unsigned short>(dtype == DataType::BFloat16 ? 0x3F80 : 0x3C00)};  // 1.0
   if (params.numel == 0) return mask;
-  KernelFunction kernel =
-      cachedKernel(device, "meshfuse_dropout_mask", [] { return std::string(kSource); }, "meshfuse_dropout_mask");
+  KernelFunction kernel = cachedKernel(
+      device, "meshfuse_dropout_mask", [] { return std::string(kSource); }, "meshfuse_dropout_mask");
   const int64_t blocks = std::min<int64_t>((params.numel + 255) / 256, int64_t{multiprocessorCount(device)} * 8);
   launchKernel(kernel, static_cast<unsigned>(blocks), 256, currentStream(device), &params);
   return mask;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -60,22 +61,24 @@ std::string literal(double v) {
 bool isFloatCompute(DataType d) { return computeType(d) == "float"; }
 bool isDoubleCompute(DataType d) { return d == DataType::Double; }
 
-// The expression of `op` on operands already converted to the op's compute type (named a, b).
+}  // namespace
+
 std::string opExpression(OpType op, DataType dtype) {
   const std::string ct = computeType(dtype);
-  const bool f = isFloatCompute(dtype), d = isDoubleCompute(dtype);
+  const bool f = isFloatCompute(dtype), d = isDoubleCompute(dtype), b = ct == "bool";
   auto fn = [&](const char* fname) {
     if (f) return std::string(fname) + "f(a)";
     if (d) return std::string(fname) + "(a)";
     return "static_cast<" + ct + ">(" + fname + "(static_cast<double>(a)))";
   };
   switch (op) {
-    case OpType::Neg: return ct == "bool" ? "a" : "-a";
-    case OpType::Abs: return f ? "fabsf(a)" : d ? "fabs(a)" : ct == "bool" ? "a" : "(a < 0 ? -a : a)";
+    case OpType::Neg: return b ? "a" : "-a";
+    case OpType::Abs: return f ? "fabsf(a)" : d ? "fabs(a)" : b ? "a" : "(a < 0 ? -a : a)";
     case OpType::Exp: return fn("exp");
     case OpType::Log: return fn("log");
     case OpType::Sqrt: return fn("sqrt");
     case OpType::Tanh: return fn("tanh");
+    case OpType::Erf: return fn("erf");
     case OpType::Relu: return "(a < static_cast<" + ct + ">(0) ? static_cast<" + ct + ">(0) : a)";
     case OpType::Sigmoid:
       if (f) return "1.0f / (1.0f + expf(-a))";
@@ -85,9 +88,24 @@ std::string opExpression(OpType op, DataType dtype) {
       if (f) return "0.5f * a * (1.0f + erff(a * 0.70710678118654752f))";
       if (d) return "0.5 * a * (1.0 + erf(a * 0.70710678118654752))";
       break;
+    // 1 / sqrt rather than rsqrtf (2 ulp): the CPU executor's rounding, and it is rarely per element.
+    case OpType::Rsqrt:
+      if (f) return "1.0f / sqrtf(a)";
+      if (d) return "1.0 / sqrt(a)";
+      break;
+    case OpType::Reciprocal:
+      if (f) return "1.0f / a";
+      if (d) return "1.0 / a";
+      break;
+    case OpType::Silu:
+      if (f) return "a / (1.0f + expf(-a))";
+      if (d) return "a / (1.0 + exp(-a))";
+      break;
+    case OpType::Square: return b ? "a" : "a * a";
+    case OpType::LogicalNot: return "!a";
     case OpType::Add: return "a + b";
     case OpType::Sub: return "a - b";
-    case OpType::Mul: return ct == "bool" ? "(a && b)" : "a * b";
+    case OpType::Mul: return b ? "(a && b)" : "a * b";
     case OpType::Div: return "a / b";
     case OpType::Max: return f ? "fmaxf(a, b)" : d ? "fmax(a, b)" : "(a > b ? a : b)";
     case OpType::Min: return f ? "fminf(a, b)" : d ? "fmin(a, b)" : "(a < b ? a : b)";
@@ -95,6 +113,16 @@ std::string opExpression(OpType op, DataType dtype) {
       if (f) return "powf(a, b)";
       if (d) return "pow(a, b)";
       return "static_cast<" + ct + ">(pow(static_cast<double>(a), static_cast<double>(b)))";
+    case OpType::Lt: return "(a < b)";
+    case OpType::Le: return "(a <= b)";
+    case OpType::Gt: return "(a > b)";
+    case OpType::Ge: return "(a >= b)";
+    case OpType::Eq: return "(a == b)";
+    case OpType::Ne: return "(a != b)";
+    case OpType::LogicalAnd: return "(a && b)";
+    case OpType::LogicalOr: return "(a || b)";
+    case OpType::Where: return "(a ? b : c)";
+    case OpType::Full:
     case OpType::Cast:
     case OpType::Set: return "a";
     default: break;
@@ -102,6 +130,81 @@ std::string opExpression(OpType op, DataType dtype) {
   throw std::invalid_argument("CUDA pointwise codegen: " + toString(op) + " on " + toString(dtype) +
                               " is not a pointwise operation it can generate");
 }
+
+std::string philoxSource() {
+  // Counter {index, offset}, key {seed}; 10 rounds (runtime/philox.h). __fadd_rn and friends keep
+  // NVRTC from fusing a multiply and an add, which would round once where the CPU rounds twice.
+  return R"(__device__ __forceinline__ uint4 philox4x32(u64 index, u64 offset, u64 seed) {
+  unsigned c0 = static_cast<unsigned>(index), c1 = static_cast<unsigned>(index >> 32);
+  unsigned c2 = static_cast<unsigned>(offset), c3 = static_cast<unsigned>(offset >> 32);
+  unsigned k0 = static_cast<unsigned>(seed), k1 = static_cast<unsigned>(seed >> 32);
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    const unsigned n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c1 = lo1;
+    c3 = lo0;
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return make_uint4(c0, c1, c2, c3);
+}
+__device__ __forceinline__ float philoxUnitF(unsigned r) { return static_cast<float>(r >> 8) * 0x1p-24f; }
+__device__ __forceinline__ double philoxUnitD(unsigned hi, unsigned lo) {
+  return static_cast<double>(((static_cast<u64>(hi) << 32) | lo) >> 11) * 0x1p-53;
+}
+__device__ __forceinline__ float philoxUniformF(u64 g, u64 offset, u64 seed, double lo, double hi) {
+  const uint4 r = philox4x32(g, offset, seed);
+  const float l = static_cast<float>(lo), h = static_cast<float>(hi);
+  return __fadd_rn(l, __fmul_rn(__fsub_rn(h, l), philoxUnitF(r.x)));
+}
+__device__ __forceinline__ double philoxUniformD(u64 g, u64 offset, u64 seed, double lo, double hi) {
+  const uint4 r = philox4x32(g, offset, seed);
+  return __dadd_rn(lo, __dmul_rn(__dsub_rn(hi, lo), philoxUnitD(r.x, r.y)));
+}
+__device__ __forceinline__ float philoxNormalF(u64 g, u64 offset, u64 seed, double mean, double stddev) {
+  const uint4 r = philox4x32(g, offset, seed);
+  const float u1 = philoxUnitF(r.x) + 0x1p-24f, u2 = philoxUnitF(r.y);
+  const float z = __fmul_rn(sqrtf(-2.0f * logf(u1)), cosf(__fmul_rn(6.283185307179586f, u2)));
+  return __fadd_rn(static_cast<float>(mean), __fmul_rn(static_cast<float>(stddev), z));
+}
+// uniform() promises [lo, hi): a draw that rounds to hi or above in its dtype steps down to the
+// dtype's largest value below hi, as runtime/cpu/pointwise.cpp's keepBelowMax does.
+__device__ __forceinline__ unsigned short philoxStepDown16(unsigned short b) {
+  return (b & 0x8000u) ? static_cast<unsigned short>(b + 1) : (b == 0 ? 0x8001u : static_cast<unsigned short>(b - 1));
+}
+__device__ __forceinline__ float philoxBelowH(float v, double lo, double hi) {
+  __half h = __float2half_rn(v);
+  while (hi > lo && static_cast<double>(__half2float(h)) >= hi) h = __ushort_as_half(philoxStepDown16(__half_as_ushort(h)));
+  return __half2float(h);
+}
+__device__ __forceinline__ float philoxBelowB(float v, double lo, double hi) {
+  __nv_bfloat16 h = __float2bfloat16_rn(v);
+  while (hi > lo && static_cast<double>(__bfloat162float(h)) >= hi)
+    h = __ushort_as_bfloat16(philoxStepDown16(__bfloat16_as_ushort(h)));
+  return __bfloat162float(h);
+}
+__device__ __forceinline__ float philoxBelowF(float v, double lo, double hi) {
+  while (hi > lo && static_cast<double>(v) >= hi) v = nextafterf(v, -__int_as_float(0x7f800000));
+  return v;
+}
+__device__ __forceinline__ double philoxBelowD(double v, double lo, double hi) {
+  while (hi > lo && v >= hi) v = nextafter(v, -__longlong_as_double(0x7ff0000000000000LL));
+  return v;
+}
+__device__ __forceinline__ double philoxNormalD(u64 g, u64 offset, u64 seed, double mean, double stddev) {
+  const uint4 r = philox4x32(g, offset, seed);
+  const double u1 = philoxUnitD(r.x, r.y) + 0x1p-53, u2 = philoxUnitD(r.z, r.w);
+  const double rad = sqrt(__dmul_rn(-2.0, log(u1))), ang = cos(__dmul_rn(6.283185307179586476925, u2));
+  return __dadd_rn(mean, __dmul_rn(__dmul_rn(stddev, rad), ang));
+}
+)";
+}
+
+namespace {
 
 std::string operandExpr(const PointwiseProgram& prog, const PointwiseProgram::Operand& o, DataType to) {
   using K = PointwiseProgram::Operand::Kind;
@@ -118,7 +221,7 @@ void checkProgram(const PointwiseProgram& prog) {
   if (prog.outputs.empty()) throw std::invalid_argument("CUDA pointwise codegen: the program has no output");
   for (size_t i = 0; i < prog.instrs.size(); ++i) {
     const auto& ins = prog.instrs[i];
-    size_t arity = isBinary(ins.op) ? 2 : 1;
+    const size_t arity = isRandom(ins.op) ? 4 : isTernary(ins.op) ? 3 : isBinary(ins.op) ? 2 : 1;
     if (!isPointwise(ins.op) || ins.args.size() != arity)
       throw std::invalid_argument("CUDA pointwise codegen: instruction " + std::to_string(i) + " (" + toString(ins.op) +
                                   ") has " + std::to_string(ins.args.size()) + " operands");
@@ -133,6 +236,66 @@ void checkProgram(const PointwiseProgram& prog) {
 }
 
 int numIn(const PointwiseProgram& p) { return std::max<int>(1, static_cast<int>(p.inputs.size())); }
+
+bool isTensorOperand(const PointwiseProgram::Operand& o) {
+  using K = PointwiseProgram::Operand::Kind;
+  return o.kind == K::Input || o.kind == K::Temp;
+}
+
+// The type a comparison compares in: the tensor operands' promoted type, which a number operand
+// widens only from integers (an integer tensor against 2.5 compares in double, exactly; a float
+// tensor against 0.1 compares in float, as torch and the CPU executor do).
+DataType comparisonType(const PointwiseProgram::Instr& ins) {
+  std::optional<DataType> t;
+  for (const auto& a : ins.args)
+    if (isTensorOperand(a)) t = t ? promoteTypes(*t, a.dtype) : a.dtype;
+  if (!t) t = promoteTypes(ins.args[0].dtype, ins.args[1].dtype);
+  for (const auto& a : ins.args) {
+    if (isTensorOperand(a) || isFloatingPoint(*t)) continue;
+    if (isFloatingPoint(a.dtype)) return DataType::Double;
+    if (*t == DataType::Bool && a.dtype != DataType::Bool) t = DataType::Int;
+  }
+  return *t;
+}
+
+// The compute type operand k of `ins` is converted to.
+DataType argType(const PointwiseProgram::Instr& ins, size_t k) {
+  if (isComparison(ins.op)) return comparisonType(ins);
+  if (isLogical(ins.op) || (ins.op == OpType::Where && k == 0)) return DataType::Bool;
+  if (isRandom(ins.op)) return DataType::Double;  // the parameters as given; seed and offset as integers below
+  return ins.dtype;
+}
+
+// A 16-bit float created in float32 holds its dtype's value from the start (full(0.1, Half) is
+// Half's 0.1 also where the chain uses it before storing), as on the CPU executor.
+std::string roundedToDtype(const std::string& v, DataType dtype) {
+  if (dtype == DataType::Half) return "__half2float(__float2half_rn(" + v + "))";
+  if (dtype == DataType::BFloat16) return "__bfloat162float(__float2bfloat16_rn(" + v + "))";
+  return v;
+}
+
+// The instruction's value, of computeType(result type of the expression).
+std::string instrExpression(const PointwiseProgram::Instr& ins, int random_slot) {
+  if (isRandom(ins.op)) {
+    const bool wide = ins.dtype == DataType::Double;
+    const std::string fn =
+        std::string(ins.op == OpType::Uniform ? "philoxUniform" : "philoxNormal") + (wide ? "D" : "F");
+    const std::string v = fn + "(g" + std::to_string(random_slot) + ", static_cast<u64>(d), static_cast<u64>(c), a, b)";
+    if (ins.op == OpType::Uniform) {
+      const char* below = ins.dtype == DataType::Half       ? "philoxBelowH"
+                          : ins.dtype == DataType::BFloat16 ? "philoxBelowB"
+                          : wide                            ? "philoxBelowD"
+                                                            : "philoxBelowF";
+      return std::string(below) + "(" + v + ", a, b)";
+    }
+    return roundedToDtype(v, ins.dtype);
+  }
+  if (ins.op == OpType::Full) return roundedToDtype("a", ins.dtype);
+  const DataType operand = argType(ins, ins.op == OpType::Where ? 1 : 0);
+  std::string e = opExpression(ins.op, operand);
+  const DataType produced = isComparison(ins.op) || isLogical(ins.op) ? DataType::Bool : operand;
+  return valueConvert(e, produced, ins.dtype);
+}
 }  // namespace
 
 std::string loadConvert(const std::string& expr, DataType from, DataType to_compute) {
@@ -163,6 +326,12 @@ std::string kernelPrelude() {
          "typedef unsigned long long u64;\n"
          "typedef unsigned char u8;\n"
          "template <typename T, int N> struct __align__(sizeof(T) * N) Pack { T v[N]; };\n";
+}
+
+int PointwiseProgram::numRandom() const {
+  int n = 0;
+  for (const auto& ins : instrs) n += isRandom(ins.op) ? 1 : 0;
+  return n;
 }
 
 std::vector<DataType> PointwiseProgram::outputDtypes() const {
@@ -198,8 +367,9 @@ std::string PointwiseVariant::key() const {
 
 size_t pointwiseParamWords(const PointwiseProgram& program, const PointwiseVariant& variant) {
   size_t nin = static_cast<size_t>(numIn(program)), nout = program.outputs.size();
-  size_t words = nin + nout + static_cast<size_t>(std::max(1, program.num_scalars)) + 1;
-  if (!variant.contiguous) words += static_cast<size_t>(variant.ndim) * (1 + nin + nout);
+  const size_t nrand = static_cast<size_t>(program.numRandom());
+  size_t words = nin + nout + static_cast<size_t>(std::max(1, program.num_scalars)) + 1 + nrand;
+  if (!variant.contiguous) words += static_cast<size_t>(variant.ndim) * (1 + nin + nout + nrand);
   return words;
 }
 
@@ -213,31 +383,42 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
   if (!var.contiguous && (var.ndim < 1 || var.ndim > 16))
     throw std::invalid_argument("strided pointwise kernels take 1 to 16 dimensions, got " + std::to_string(var.ndim));
   const std::vector<DataType> out_types = prog.outputDtypes();
+  const int nrand = prog.numRandom();
 
   std::ostringstream s;
   s << kernelPrelude();
+  if (nrand > 0) s << philoxSource();
   s << "struct Params {\n  const void* in[" << nin << "];\n  void* out[" << nout << "];\n  double scal["
     << std::max(1, prog.num_scalars) << "];\n  i64 n;\n";
-  if (!var.contiguous)
+  if (nrand > 0) s << "  i64 rand_base[" << nrand << "];\n";
+  if (!var.contiguous) {
     s << "  i64 shape[" << var.ndim << "];\n  i64 in_st[" << nin << "][" << var.ndim << "];\n  i64 out_st[" << nout
       << "][" << var.ndim << "];\n";
+    if (nrand > 0) s << "  i64 rand_st[" << nrand << "][" << var.ndim << "];\n";
+  }
   s << "};\n";
   // The host packs the same block as 8-byte words (pointwiseParamWords): the layouts must agree.
   s << "static_assert(sizeof(Params) == " << 8 * pointwiseParamWords(prog, var)
     << ", \"host and device disagree on the parameter block\");\n\n";
 
   // The chain on one element: inputs by value (storage types), outputs by reference.
+  // Random ops also take their element's global index g<k>.
   s << "__device__ __forceinline__ void chain(const Params& p";
+  for (int k = 0; k < nrand; ++k) s << ", const u64 g" << k;
   for (int i = 0; i < ninputs; ++i) s << ", const " << storageType(prog.inputs[i]) << " x" << i;
   for (int o = 0; o < nout; ++o) s << ", " << storageType(out_types[o]) << "& y" << o;
   s << ") {\n";
+  int random_slot = 0;
   for (size_t i = 0; i < prog.instrs.size(); ++i) {
     const auto& ins = prog.instrs[i];
-    const std::string ct = computeType(ins.dtype);
-    s << "  " << ct << " t" << i << ";\n  {\n";
-    s << "    const " << ct << " a = " << operandExpr(prog, ins.args[0], ins.dtype) << ";\n";
-    if (ins.args.size() > 1) s << "    const " << ct << " b = " << operandExpr(prog, ins.args[1], ins.dtype) << ";\n";
-    s << "    t" << i << " = " << opExpression(ins.op, ins.dtype) << ";\n  }\n";
+    s << "  " << computeType(ins.dtype) << " t" << i << ";\n  {\n";
+    for (size_t k = 0; k < ins.args.size(); ++k) {
+      const DataType at = argType(ins, k);
+      s << "    const " << computeType(at) << " " << static_cast<char>('a' + k) << " = "
+        << operandExpr(prog, ins.args[k], at) << ";\n";
+    }
+    s << "    t" << i << " = " << instrExpression(ins, random_slot) << ";\n  }\n";
+    if (isRandom(ins.op)) ++random_slot;
   }
   for (int o = 0; o < nout; ++o) {
     int t = prog.outputs[o];
@@ -245,6 +426,14 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
   }
   s << "}\n\n";
 
+  // g<k>: the random op's global element index, from the flat index (contiguous) or o_rand<k>.
+  auto randomArgs = [&](const std::string& flat) {
+    std::string a;
+    for (int k = 0; k < nrand; ++k)
+      a += ", static_cast<u64>(p.rand_base[" + std::to_string(k) + "] + " +
+           (flat.empty() ? "o_rand" + std::to_string(k) : flat) + ")";
+    return a;
+  };
   auto scalarElement = [&](const std::string& in_index, const std::string& out_index, const std::string& indent) {
     for (int i = 0; i < ninputs; ++i) {
       std::string idx = in_index.empty() ? "o_in" + std::to_string(i) : in_index;
@@ -252,7 +441,7 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
         << storageType(prog.inputs[i]) << "*>(p.in[" << i << "])[" << idx << "];\n";
     }
     for (int o = 0; o < nout; ++o) s << indent << storageType(out_types[o]) << " y" << o << ";\n";
-    s << indent << "chain(p";
+    s << indent << "chain(p" << randomArgs(in_index);
     for (int i = 0; i < ninputs; ++i) s << ", x" << i;
     for (int o = 0; o < nout; ++o) s << ", y" << o;
     s << ");\n";
@@ -277,7 +466,8 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
       }
       for (int o = 0; o < nout; ++o)
         s << "    Pack<" << storageType(out_types[o]) << ", " << vec << "> vy" << o << ";\n";
-      s << "#pragma unroll\n    for (int k = 0; k < " << vec << "; ++k) chain(p";
+      s << "#pragma unroll\n    for (int k = 0; k < " << vec << "; ++k) chain(p"
+        << randomArgs("v * " + std::to_string(vec) + " + k");
       for (int i = 0; i < ninputs; ++i) s << ", vx" << i << ".v[k]";
       for (int o = 0; o < nout; ++o) s << ", vy" << o << ".v[k]";
       s << ");\n";
@@ -300,6 +490,7 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
       << "    " << it << " rem = i;\n";
     for (int i = 0; i < ninputs; ++i) s << "    " << it << " o_in" << i << " = 0;\n";
     for (int o = 0; o < nout; ++o) s << "    " << it << " o_out" << o << " = 0;\n";
+    for (int k = 0; k < nrand; ++k) s << "    u64 o_rand" << k << " = 0;\n";
     s << "#pragma unroll\n    for (int d = " << var.ndim - 1 << "; d >= 0; --d) {\n"
       << "      const " << it << " e = static_cast<" << it << ">(p.shape[d]);\n"
       << "      const " << it << " idx = rem % e;\n      rem /= e;\n";
@@ -307,6 +498,8 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
       s << "      o_in" << i << " += idx * static_cast<" << it << ">(p.in_st[" << i << "][d]);\n";
     for (int o = 0; o < nout; ++o)
       s << "      o_out" << o << " += idx * static_cast<" << it << ">(p.out_st[" << o << "][d]);\n";
+    for (int k = 0; k < nrand; ++k)  // global indices can pass 2^32 even when the local block does not
+      s << "      o_rand" << k << " += static_cast<u64>(idx) * static_cast<u64>(p.rand_st[" << k << "][d]);\n";
     s << "    }\n";
     scalarElement("", "", "    ");
     s << "  }\n";

@@ -1,6 +1,8 @@
 // CUDA C++ source for a fused pointwise chain. A PointwiseProgram is a straight-line list of ops
 // over tensor inputs, runtime scalars and constants; the generated kernel evaluates the whole chain
-// per element (one read of each input, one write of each output) in a grid-stride loop. Variants:
+// per element (one read of each input, one write of each output) in a grid-stride loop. Random ops
+// (uniform, normal) run the Philox arithmetic of runtime/philox.h on the element's row-major index
+// in the global tensor, so CUDA and CPU draw the same numbers. Variants:
 // the contiguous fast path (flat index, 16-byte vector loads/stores) and the strided path
 // (broadcasting and views through per-tensor strides over the coalesced iteration shape).
 // CUDA-free header: the codegen is plain string building, testable without a GPU.
@@ -22,6 +24,8 @@ struct PointwiseProgram {
     double value = 0;                  // Constant
     DataType dtype = DataType::Float;  // the operand's own type (constants and scalars too)
   };
+  // Operands as in the IR: unary 1, binary 2, where 3 (cond, a, b), full 1 (fill), uniform/normal
+  // 4 (minval or mean, maxval or std, seed, offset).
   struct Instr {
     OpType op;
     std::vector<Operand> args;
@@ -32,6 +36,7 @@ struct PointwiseProgram {
   std::vector<Instr> instrs;     // instruction i defines temp i
   std::vector<int> outputs;      // temp of each output
   std::vector<DataType> outputDtypes() const;
+  int numRandom() const;  // uniform/normal instrs: each has an index stream (RandomIndex)
   // The structure and types (not sizes): with the variant, the kernel cache key.
   std::string key() const;
 };
@@ -44,13 +49,31 @@ struct PointwiseVariant {
   std::string key() const;
 };
 
+// Where the elements of one random op sit in its global tensor: element (i_0, ..., i_{r-1}) of the
+// iteration space has global row-major index base + sum_d i_d * strides[d] (strides 0 where the
+// op's own value is broadcast). Identity (base 0, the iteration space is the whole global tensor):
+// the flat iteration index, which the contiguous variant requires.
+struct RandomIndex {
+  bool identity = true;
+  int64_t base = 0;
+  std::vector<int64_t> strides;  // over the (uncoalesced) iteration shape
+};
+
 // The kernel's parameter block is an array of 8-byte words in this order: input pointers, output
-// pointers, scalars (doubles, at least one slot), n, then for the strided path shape[ndim] and the
-// strides of each input and each output (elements).
+// pointers, scalars (doubles, at least one slot), n, the base of each random op's index, then for
+// the strided path shape[ndim], the strides of each input and each output (elements) and each
+// random op's index strides.
 size_t pointwiseParamWords(const PointwiseProgram& program, const PointwiseVariant& variant);
 
 std::string generatePointwiseSource(const PointwiseProgram& program, const PointwiseVariant& variant,
                                     const std::string& kernel_name);
+
+// The CUDA expression of a pointwise op (not creation ops) whose operands, named a, b, c, are
+// already of computeType(`operand_dtype`); shared with the normalization generator.
+std::string opExpression(OpType op, DataType operand_dtype);
+// Device functions philox4x32(index, offset, seed), philoxUniform{F,D}, philoxNormal{F,D}: the
+// arithmetic of runtime/philox.h, rounding step by step as it does (no contraction into FMAs).
+std::string philoxSource();
 
 // C type names of storage and of arithmetic, shared with the other generated kernels.
 std::string storageType(DataType dtype);

@@ -91,12 +91,29 @@ void checkDevice(const Tensor& t, int device, const char* role) {
     throw std::invalid_argument(std::string("CUDA pointwise: ") + role + " " + t.toString() +
                                 " is not on cuda:" + std::to_string(device));
 }
+
+// The index strides of each random op over `iter` (right-aligned, as the RandomIndex gives them).
+std::vector<std::vector<int64_t>> randomStrides(const std::vector<RandomIndex>& random,
+                                                const std::vector<int64_t>& iter) {
+  std::vector<std::vector<int64_t>> out;
+  for (const RandomIndex& r : random) {
+    std::vector<int64_t> st = r.identity ? contiguousStrides(iter) : std::vector<int64_t>(iter.size(), 0);
+    if (!r.identity) {
+      if (r.strides.size() > iter.size()) throw std::logic_error("CUDA pointwise: random index of a higher rank");
+      std::copy(r.strides.begin(), r.strides.end(), st.end() - static_cast<std::ptrdiff_t>(r.strides.size()));
+    }
+    out.push_back(std::move(st));
+  }
+  return out;
+}
 }  // namespace
 
-PointwiseVariant choosePointwiseVariant(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
+PointwiseVariant choosePointwiseVariant(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                                        const std::vector<RandomIndex>& random) {
   const std::vector<int64_t> iter = iterationShape(inputs, outputs);
   PointwiseVariant v;
   bool dense = true;
+  for (const RandomIndex& r : random) dense = dense && r.identity;
   size_t widest = 1;
   for (const auto* group : {&inputs, &outputs})
     for (const Tensor& t : *group) {
@@ -119,6 +136,7 @@ PointwiseVariant choosePointwiseVariant(const std::vector<Tensor>& inputs, const
   std::vector<std::vector<int64_t>> strides;
   for (const auto* group : {&inputs, &outputs})
     for (const Tensor& t : *group) strides.push_back(alignedStrides(t, iter));
+  for (auto& st : randomStrides(random, iter)) strides.push_back(std::move(st));
   Layout l = coalesce(iter, strides);
   v.contiguous = false;
   v.ndim = static_cast<int>(l.iter.size());
@@ -127,7 +145,10 @@ PointwiseVariant choosePointwiseVariant(const std::vector<Tensor>& inputs, const
 }
 
 void runPointwise(int device, const PointwiseProgram& program, const std::vector<Tensor>& inputs,
-                  const std::vector<double>& scalars, const std::vector<Tensor>& outputs) {
+                  const std::vector<double>& scalars, const std::vector<Tensor>& outputs,
+                  const std::vector<RandomIndex>& random_in) {
+  std::vector<RandomIndex> random = random_in;
+  random.resize(static_cast<size_t>(program.numRandom()));
   if (inputs.size() != program.inputs.size() || outputs.size() != program.outputs.size() ||
       static_cast<int>(scalars.size()) != program.num_scalars)
     throw std::invalid_argument("CUDA pointwise: the program takes " + std::to_string(program.inputs.size()) +
@@ -150,7 +171,7 @@ void runPointwise(int device, const PointwiseProgram& program, const std::vector
   const int64_t n = numelOf(iter);
   if (n == 0) return;
 
-  const PointwiseVariant variant = choosePointwiseVariant(inputs, outputs);
+  const PointwiseVariant variant = choosePointwiseVariant(inputs, outputs, random);
   std::vector<uint64_t> words;
   words.reserve(pointwiseParamWords(program, variant));
   auto push_ptr = [&](const void* p) { words.push_back(reinterpret_cast<uintptr_t>(p)); };
@@ -165,11 +186,13 @@ void runPointwise(int device, const PointwiseProgram& program, const std::vector
   for (double s : scalars) push_double(s);
   if (scalars.empty()) push_double(0);
   words.push_back(static_cast<uint64_t>(n));
+  for (const RandomIndex& r : random) words.push_back(static_cast<uint64_t>(r.identity ? 0 : r.base));
   if (!variant.contiguous) {
     std::vector<std::vector<int64_t>> strides;
     for (const Tensor& t : inputs) strides.push_back(alignedStrides(t, iter));
     if (inputs.empty()) strides.push_back(std::vector<int64_t>(iter.size(), 0));
     for (const Tensor& t : outputs) strides.push_back(alignedStrides(t, iter));
+    for (auto& st : randomStrides(random, iter)) strides.push_back(std::move(st));
     Layout l = coalesce(iter, strides);
     for (int64_t e : l.iter) words.push_back(static_cast<uint64_t>(e));
     for (const auto& st : l.strides)

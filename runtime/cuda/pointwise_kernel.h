@@ -11,10 +11,13 @@ namespace meshfuse::cuda {
 
 // Inputs and outputs broadcast (numpy rules) to one iteration shape; outputs are preallocated on
 // `device`. An output smaller than the iteration shape receives the same value several times.
+// `random`: one RandomIndex per random instr of the program, in order (none: identity).
 void runPointwise(int device, const PointwiseProgram& program, const std::vector<Tensor>& inputs,
-                  const std::vector<double>& scalars, const std::vector<Tensor>& outputs);
+                  const std::vector<double>& scalars, const std::vector<Tensor>& outputs,
+                  const std::vector<RandomIndex>& random = {});
 
 // The variant runPointwise would choose for these tensors (exposed for tests and benchmarks).
-PointwiseVariant choosePointwiseVariant(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs);
+PointwiseVariant choosePointwiseVariant(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                                        const std::vector<RandomIndex>& random = {});
 
 }  // namespace meshfuse::cuda

@@ -4,6 +4,7 @@
 // meshfuse must reject with a UserError. Every rank that uses the same seed builds the same case;
 // `args` holds this rank's shards.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -13,6 +14,7 @@
 
 #include "fuzz_reference.h"
 #include "host_ir/fusion_executor.h"
+#include "multidevice/axis_map.h"
 #include "ops/ops.h"
 
 namespace meshfuse::testing {
@@ -362,16 +364,27 @@ class FusionFuzzer {
     }
     for (Node& node : pool_) {
       if (!chance(0.35)) continue;
-      // A reshape result is annotated only where its input is replicated: by design an annotation
-      // whose blocks a sharded input cannot produce locally is rejected (DESIGN.md), and whether
-      // they line up is resharding's to judge; unannotated, the result takes its input's sharding.
-      const Expr* def = node.tv->definition();
-      if (def && def->op() == OpType::Reshape && def->inputTv(0)->isSharded()) continue;
       std::vector<int64_t> even;
       for (size_t d = 0; d < node.shape.size(); ++d)
-        if (node.shape[d] % n_ == 0) even.push_back(static_cast<int64_t>(d));
+        if (node.shape[d] % n_ == 0 && linesUpWithView(node, static_cast<int64_t>(d)))
+          even.push_back(static_cast<int64_t>(d));
       if (!even.empty()) shard(node.tv, even[pick(even.size())], n_);
     }
+  }
+
+  // Whether a view's result may be sharded on `axis`: where its input is sharded, only on the axis
+  // the input's blocks land on (resharding rejects other annotations of a view's result rather
+  // than gathering the input behind the user's back).
+  bool linesUpWithView(const Node& node, int64_t axis) const {
+    const Expr* def = node.tv->definition();
+    if (def == nullptr || def->op() != OpType::Reshape || n_ == 1) return true;
+    const TensorView* in = def->inputTv(0);
+    const int a = in->shardedAxis(ParallelType::MeshX);
+    if (a < 0) return true;
+    const auto in_node = std::find_if(pool_.begin(), pool_.end(), [&](const Node& m) { return m.tv == in; });
+    const std::vector<int> map = inputToOutputAxes(def, 0);
+    return map[static_cast<size_t>(a)] == axis && in_node != pool_.end() &&
+           in_node->shape[static_cast<size_t>(a)] % n_ == 0;
   }
 
   // Splits logical axis `axis` (a whole loop axis) into `parts` and parallelizes it on mesh_x;

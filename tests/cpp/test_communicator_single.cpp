@@ -1,6 +1,7 @@
 // The Communicator without a launcher: an Open MPI singleton, a world of one process. (Under
 // mpirun these tests skip; tests/cpp/mp/ covers the multi-rank case.)
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <optional>
@@ -126,13 +127,47 @@ TEST_F(SingletonCommunicator, RecvWithoutSenderTimesOut) {
 namespace meshfuse {
 namespace {
 
-TEST(AutoBackend, NcclOnlyWithAGpuPerRankElseMpi) {
+TEST(AutoBackend, NcclOnlyWhenNoTwoMembersShareAGpuElseMpi) {
   using B = CommunicatorBackend;
-  EXPECT_EQ(chooseAutoBackend(DeviceType::CPU, true, 2, 8), B::Mpi);
-  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, true, 2, 2), B::Nccl);
-  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, true, 4, 8), B::Nccl);
-  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, true, 4, 1), B::Mpi);   // ranks sharing one GPU
-  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, false, 1, 1), B::Mpi);  // a build without NCCL
+  EXPECT_EQ(chooseAutoBackend(DeviceType::CPU, true, false), B::Mpi);
+  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, true, false), B::Nccl);
+  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, true, true), B::Mpi);    // members sharing one GPU
+  EXPECT_EQ(chooseAutoBackend(DeviceType::CUDA, false, false), B::Mpi);  // a build without NCCL
+}
+
+// Two nodes: ranks 0, 1, 4 on "a", ranks 2, 3 on "b" (leaders 0 and 2).
+NodeTopology twoNodes() { return NodeTopology({0, 0, 2, 2, 0}, {"a", "", "b", "", ""}); }
+
+TEST(NodeTopology, NodesAndLocalRanksFollowTheLowestRankOfEachNode) {
+  const NodeTopology t = twoNodes();
+  EXPECT_EQ(t.nodeCount(), 2);
+  EXPECT_EQ(t.nodeName(0), "a");
+  EXPECT_EQ(t.nodeName(1), "b");
+  const int64_t node[] = {0, 0, 1, 1, 0}, local[] = {0, 1, 0, 1, 2}, local_size[] = {3, 3, 2, 2, 3};
+  for (int64_t r = 0; r < 5; ++r) {
+    EXPECT_EQ(t.nodeOf(r), node[r]) << "rank " << r;
+    EXPECT_EQ(t.localRankOf(r), local[r]) << "rank " << r;
+    EXPECT_EQ(t.localSizeOf(r), local_size[r]) << "rank " << r;
+  }
+  EXPECT_EQ(t.nodesOf({3, 0, 2}), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(t.describe({3, 0, 2}), "ranks 3, 2 on node 1 (b); rank 0 on node 0 (a)");
+}
+
+TEST(NodeTopology, TeamMembersShareAGpuByLocalRankModuloGpus) {
+  const NodeTopology t = twoNodes();
+  EXPECT_FALSE(t.membersShareAGpu({0, 1, 2, 3}, 2));  // two GPUs a node: one each
+  EXPECT_TRUE(t.membersShareAGpu({0, 4}, 2));         // local ranks 0 and 2 on two GPUs
+  EXPECT_FALSE(t.membersShareAGpu({0, 1, 4}, 3));
+  EXPECT_FALSE(t.membersShareAGpu({0, 2}, 1));  // GPU 0 of different nodes
+  EXPECT_TRUE(t.membersShareAGpu({0}, 0));      // no GPU at all
+}
+
+TEST_F(SingletonCommunicator, AWorldOfOneIsOneNodeNamedByItsHost) {
+  EXPECT_EQ(comm().nodeId(), 0);
+  EXPECT_EQ(comm().nodeCount(), 1);
+  char host[65] = {};
+  gethostname(host, 64);
+  EXPECT_EQ(comm().nodes().nodeName(0), host);
 }
 
 }  // namespace

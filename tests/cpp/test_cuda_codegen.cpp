@@ -7,8 +7,10 @@
 #include <cmath>
 #include <vector>
 
+#include "norm_fusions.h"
 #include "ops/ops.h"
 #include "runtime/cuda/kernel_cache.h"
+#include "runtime/cuda/normalization.h"
 #include "runtime/cuda/pointwise_codegen.h"
 #include "runtime/cuda/reduction.h"
 
@@ -21,10 +23,13 @@ using Kind = PointwiseProgram::Operand::Kind;
 
 const std::vector<DataType> kAllTypes = {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16,
                                          DataType::Int,   DataType::Int32,  DataType::Bool};
-const std::vector<OpType> kUnary = {OpType::Neg,  OpType::Abs,     OpType::Exp,  OpType::Log, OpType::Sqrt,
-                                    OpType::Relu, OpType::Sigmoid, OpType::Tanh, OpType::Gelu};
-const std::vector<OpType> kBinary = {OpType::Add, OpType::Sub, OpType::Mul, OpType::Div,
-                                     OpType::Max, OpType::Min, OpType::Pow};
+const std::vector<OpType> kUnary = {OpType::Neg,  OpType::Abs,    OpType::Exp,        OpType::Log,
+                                    OpType::Sqrt, OpType::Relu,   OpType::Sigmoid,    OpType::Tanh,
+                                    OpType::Gelu, OpType::Rsqrt,  OpType::Reciprocal, OpType::Erf,
+                                    OpType::Silu, OpType::Square, OpType::LogicalNot};
+const std::vector<OpType> kBinary = {OpType::Add, OpType::Sub, OpType::Mul, OpType::Div,        OpType::Max,
+                                     OpType::Min, OpType::Pow, OpType::Lt,  OpType::Le,         OpType::Gt,
+                                     OpType::Ge,  OpType::Eq,  OpType::Ne,  OpType::LogicalAnd, OpType::LogicalOr};
 
 // The result type the IR gives `op` on tensors of `dtype` (ops::resultType on a throwaway fusion).
 DataType irResultType(OpType op, DataType dtype, bool with_float_scalar = false) {
@@ -53,6 +58,28 @@ PointwiseProgram allOpsProgram(DataType dtype) {
       irResultType(OpType::Min, dtype, true));
   add(OpType::Max, {input(1, dtype), {Kind::Constant, 0, -INFINITY, DataType::Double}},
       irResultType(OpType::Max, dtype, true));
+  // Comparisons against a number, where on a comparison, full.
+  add(OpType::Lt, {input(0, dtype), {Kind::Constant, 0, 0.1, DataType::Double}}, DataType::Bool);
+  const int cond = static_cast<int>(p.instrs.size()) - 1;
+  add(OpType::Where, {{Kind::Temp, cond, 0, DataType::Bool}, input(0, dtype), input(1, dtype)}, dtype);
+  add(OpType::Where, {{Kind::Temp, cond, 0, DataType::Bool}, input(0, dtype), {Kind::Scalar, 0, 0, DataType::Double}},
+      dtype == DataType::Bool ? DataType::Bool : dtype);
+  add(OpType::Full, {{Kind::Constant, 0, 0.1, DataType::Double}}, dtype);
+  return p;
+}
+
+// uniform and normal of a floating dtype, seeded by a runtime scalar and a constant offset.
+PointwiseProgram randomProgram(DataType dtype) {
+  PointwiseProgram p;
+  p.num_scalars = 1;
+  const PointwiseProgram::Operand seed{Kind::Scalar, 0, 0, DataType::Int}, offset{Kind::Constant, 0, 7, DataType::Int};
+  for (OpType op : {OpType::Uniform, OpType::Normal}) {
+    p.instrs.push_back(
+        {op,
+         {{Kind::Constant, 0, -1, DataType::Double}, {Kind::Constant, 0, 2, DataType::Double}, seed, offset},
+         dtype});
+    p.outputs.push_back(static_cast<int>(p.instrs.size()) - 1);
+  }
   return p;
 }
 
@@ -84,6 +111,28 @@ TEST_P(PointwiseCodegen, EveryOpCompilesInEveryVariant) {
     EXPECT_EQ(src.find("Pack<" + cuda::storageType(GetParam()) + ", " + std::to_string(v.vector_width) + ">") !=
                   std::string::npos,
               v.contiguous && v.vector_width > 1);
+  }
+}
+
+TEST(PointwiseCodegenRandom, UniformAndNormalCompileInEveryVariant) {
+  for (DataType dt : {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16}) {
+    const PointwiseProgram prog = randomProgram(dt);
+    EXPECT_EQ(prog.numRandom(), 2);
+    PointwiseVariant vec;
+    vec.vector_width = 4;
+    PointwiseVariant strided;
+    strided.contiguous = false;
+    strided.ndim = 2;
+    for (const PointwiseVariant& v : {vec, strided}) {
+      SCOPED_TRACE(toString(dt) + " " + v.key());
+      const std::string src = cuda::generatePointwiseSource(prog, v, "rng");
+      EXPECT_NE(src.find(dt == DataType::Double ? "philoxUniformD" : "philoxUniformF"), std::string::npos);
+      EXPECT_NE(src.find("rand_base"), std::string::npos);
+      EXPECT_EQ(src.find("rand_st") != std::string::npos, !v.contiguous);
+      // The parameter block: 1 (no input) + 2 outputs + 1 scalar + n + 2 bases (+ strided arrays).
+      EXPECT_EQ(cuda::pointwiseParamWords(prog, v), v.contiguous ? 7u : 7u + 2u * (1 + 1 + 2 + 2));
+      EXPECT_NO_THROW(compile(src)) << src;
+    }
   }
 }
 
@@ -167,6 +216,94 @@ TEST(ReductionCodegen, EveryReductionCompilesInBothModes) {
       }
     }
   }
+}
+
+// A normalization segment of `norm` on CPU tensors of its shapes (only shapes, strides and dtypes
+// matter to the scheduler's choices); `transpose_x`: the first input arrives transposed in memory.
+struct NormSegment {
+  Fusion fusion;
+  Segment seg;
+  ShapeMap shapes;
+  ValueMap values;
+  std::vector<Tensor> outputs;
+  NormSegment(testing_norms::Norm norm, DataType dt, int64_t rows, int64_t row, bool transpose_x = false) {
+    auto input = [&](DataType d, std::vector<int64_t> shape, double, double) {
+      TensorView* tv = fusion.newTensor(d, shape);
+      fusion.addInput(tv);
+      Tensor t = Tensor::empty(shape, d);
+      if (transpose_x && values.tensors.empty() && shape.size() == 2)
+        t = Tensor::empty({shape[1], shape[0]}, d).permute({1, 0});
+      values.tensors[tv] = t;
+      seg.inputs.push_back(tv);
+      return tv;
+    };
+    seg.kind = Segment::Kind::Normalization;
+    seg.outputs = testing_norms::defineNorm(norm, fusion, dt, rows, row, input);
+    for (const auto& e : fusion.exprs()) seg.exprs.push_back(e.get());
+    for (const auto& v : fusion.vals())
+      if (v->isTensor()) shapes[v.get()] = static_cast<TensorView*>(v.get())->shape();
+    for (TensorView* out : seg.outputs) outputs.push_back(Tensor::empty(shapes.at(out), out->dtype()));
+  }
+};
+
+TEST(NormalizationCodegen, EveryNormCompilesAtShortLongAndTooLongRows) {
+  using testing_norms::Norm;
+  for (Norm norm : testing_norms::kAllNorms) {
+    for (DataType dt : {DataType::BFloat16, DataType::Float}) {
+      for (int64_t row : {int64_t{1}, int64_t{7}, int64_t{4096}, int64_t{262144}}) {
+        SCOPED_TRACE(testing_norms::toString(norm) + " " + toString(dt) + " row " + std::to_string(row));
+        NormSegment ns(norm, dt, 3, row);
+        std::string why;
+        auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs, &why);
+        ASSERT_TRUE(launch.has_value()) << why;
+        const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
+        EXPECT_EQ(v.items == 0, row == 262144)
+            << v.key() << ": only rows past the registers take the multi-pass variant";
+        if (row == 4096) EXPECT_EQ(v.vec, dt == DataType::BFloat16 ? 8 : 4) << "16-byte accesses";
+        if (row < 8) EXPECT_EQ(v.vec, 1);
+        EXPECT_EQ(launch->program.hasEpilogue(), norm == Norm::LayerNormBackward);
+        const std::string src = cuda::generateNormalizationSource(launch->program, v, "norm_kernel");
+        ASSERT_NO_THROW(compile(src)) << src;
+        if (launch->program.hasEpilogue())
+          ASSERT_NO_THROW(compile(cuda::generateNormalizationEpilogueSource(launch->program, "epi")));
+      }
+    }
+  }
+}
+
+TEST(NormalizationCodegen, DoubleHalfAndTransposedInputsCompile) {
+  using testing_norms::Norm;
+  for (Norm norm : {Norm::LayerNorm, Norm::LayerNormBackward}) {
+    for (DataType dt : {DataType::Double, DataType::Half}) {
+      for (bool transpose : {false, true}) {
+        SCOPED_TRACE(testing_norms::toString(norm) + " " + toString(dt) + (transpose ? " transposed" : ""));
+        NormSegment ns(norm, dt, 64, 1000, transpose);
+        auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+        ASSERT_TRUE(launch.has_value());
+        EXPECT_EQ(launch->program.compute, dt == DataType::Double ? DataType::Double : DataType::Float);
+        EXPECT_EQ(launch->program.loads[0].contiguous_row, !transpose);
+        const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
+        const std::string src = cuda::generateNormalizationSource(launch->program, v, "norm_kernel");
+        EXPECT_EQ(src.find("columnOffset(p, 0,") != std::string::npos, transpose) << "strided rows index per element";
+        ASSERT_NO_THROW(compile(src)) << src;
+      }
+    }
+  }
+}
+
+TEST(NormalizationCodegen, VariantFollowsShapeAndKeysSeparateThem) {
+  using testing_norms::Norm;
+  NormSegment wide(Norm::LayerNorm, DataType::BFloat16, 8, 12288), narrow(Norm::LayerNorm, DataType::BFloat16, 8, 64);
+  auto a = cuda::prepareNormalization(wide.seg, wide.shapes, wide.values, wide.outputs);
+  auto b = cuda::prepareNormalization(narrow.seg, narrow.shapes, narrow.values, narrow.outputs);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->program.key(), b->program.key()) << "the structure does not depend on sizes";
+  const auto va = cuda::chooseNormalizationVariant(*a), vb = cuda::chooseNormalizationVariant(*b);
+  EXPECT_NE(va.key(), vb.key());
+  EXPECT_EQ(va.threads_y, 1);
+  EXPECT_GE(va.threads_x * va.items * va.vec, 12288);
+  EXPECT_GT(vb.threads_y, 1) << "short rows share a block";
+  EXPECT_EQ(vb.threads_x * vb.threads_y % 32, 0);
 }
 
 TEST(NvrtcErrors, CompileErrorsCarryTheLog) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 
+#include "norm_fusions.h"
 #include "ops/ops.h"
 #include "runtime/cuda/allocator.h"
 #include "runtime/cuda/kernel_cache.h"
@@ -146,6 +147,128 @@ TEST(CudaExecutorPointwise, EveryBinaryOpOnEveryDtypeWithBroadcasting) {
   }
 }
 
+TEST(CudaExecutorPointwise, NewUnaryOpsOnEveryDtype) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(21);
+  const OpType ops_list[] = {OpType::Rsqrt, OpType::Reciprocal, OpType::Erf,
+                             OpType::Silu,  OpType::Square,     OpType::LogicalNot};
+  for (DataType dt : kAllTypes) {
+    for (OpType op : ops_list) {
+      if (dt == DataType::Bool && op != OpType::LogicalNot && op != OpType::Square) continue;
+      const bool positive = op == OpType::Rsqrt || op == OpType::Reciprocal;  // no division by zero
+      Case c;
+      TensorView* x = c.input(dt, {37, 129}, rng, positive ? 1 : -3, 3);
+      c.outputs = {ops::unary(op, x)};
+      c.check(toString(op) + " on " + toString(dt));
+    }
+  }
+}
+
+TEST(CudaExecutorPointwise, ComparisonsLogicalOpsAndWhereWithBroadcasting) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(22);
+  const OpType cmp[] = {OpType::Lt, OpType::Le, OpType::Gt, OpType::Ge, OpType::Eq, OpType::Ne};
+  for (DataType dt : kAllTypes) {
+    for (bool broadcast : {false, true}) {
+      Case c;
+      // Small integers, so that equal pairs occur in every dtype.
+      TensorView* a = c.input(dt, {37, broadcast ? 1 : 129}, rng, -2, 2);
+      TensorView* b = c.input(dt, {broadcast ? 1 : 37, 129}, rng, -2, 2);
+      for (OpType op : cmp) c.outputs.push_back(ops::binary(op, a, b));
+      TensorView* lt = c.outputs[0];
+      TensorView* ne = c.outputs[5];
+      c.outputs.push_back(ops::binary(OpType::LogicalAnd, lt, ne));
+      c.outputs.push_back(ops::binary(OpType::LogicalOr, lt, ops::unary(OpType::LogicalNot, ne)));
+      c.outputs.push_back(ops::where(lt, a, b));
+      c.outputs.push_back(ops::where(ne, a, c.fusion.newScalar(DataType::Double, 0.5)));
+      // A number against a tensor: float tensors compare in their own precision.
+      c.outputs.push_back(ops::binary(OpType::Le, a, c.fusion.newScalar(DataType::Double, 0.1)));
+      c.check("comparisons on " + toString(dt) + (broadcast ? " broadcast" : ""));
+    }
+  }
+}
+
+TEST(CudaExecutorPointwise, FullOnEveryDtypeFusedWithAnInput) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23);
+  for (DataType dt : kAllTypes) {
+    Case c;
+    TensorView* x = c.input(dt, {5, 33}, rng, -3, 3);
+    TensorView* f = ops::full({5, 33}, c.fusion.newScalar(DataType::Double, dt == DataType::Bool ? 1 : 0.1), dt);
+    c.outputs = {f, ops::binary(OpType::Add, x, f)};
+    c.check("full on " + toString(dt));
+  }
+}
+
+// uniform on CUDA equals the CPU's bit for bit (same seed and offset); normal to float rounding.
+// `block`: the segment computes rows [4, 8) of a global [8, 1000] tensor (a sharded output), and
+// once more broadcast into a larger computation (the strided index path).
+TEST(CudaExecutorRandom, UniformMatchesTheCpuBitForBitAlsoForAShardedBlock) {
+  SKIP_WITHOUT_GPU();
+  for (DataType dt : {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16}) {
+    for (int mode = 0; mode < 3; ++mode) {  // 0: whole tensor, 1: a sharded block, 2: broadcast into [3, 4, 1000]
+      Fusion f;
+      auto num = [&](double v) { return f.newScalar(DataType::Double, v); };
+      Scalar* seed = f.newScalar(DataType::Int, std::nullopt);
+      f.addInput(seed);
+      TensorView* u = ops::uniform(num(-2), num(3), {mode == 1 ? 8 : 4, 1000}, dt, seed, f.newScalar(DataType::Int, 5));
+      TensorView* nrm = ops::normal(num(1), num(2), {mode == 1 ? 8 : 4, 1000}, dt, seed, f.newScalar(DataType::Int, 6));
+      std::vector<TensorView*> outs = {u, nrm};
+      TensorView* x = nullptr;
+      if (mode == 2) {
+        x = f.newTensor(dt, {3, 4, 1000});
+        f.addInput(x);
+        outs = {ops::binary(OpType::Mul, x, u)};  // u recomputed inside the [3, 4, 1000] kernel
+      }
+      Segment seg;
+      for (const auto& e : f.exprs()) seg.exprs.push_back(e.get());
+      seg.inputs = {seed};
+      if (x) seg.inputs.push_back(x);
+      seg.outputs = outs;
+      ShapeMap shapes;
+      for (const auto& v : f.vals())
+        if (v->isTensor()) shapes[v.get()] = static_cast<TensorView*>(v.get())->shape();
+      if (mode == 1) {
+        for (TensorView* t : {u, nrm}) {
+          shapes[t] = {4, 1000};
+          seg.global_blocks[t] = {{8, 1000}, {4, 0}};
+        }
+      }
+      ValueMap cpu, gpu;
+      cpu.scalars[seed] = gpu.scalars[seed] = 1234567;
+      if (x) {
+        std::mt19937 rng(24);
+        Tensor xt = randomTensor({3, 4, 1000}, dt, rng, -1, 1);
+        cpu.tensors[x] = xt;
+        gpu.tensors[x] = xt.to(Device::cuda(0));
+      }
+      makeCpuExecutor()->run(seg, cpu, shapes);
+      ASSERT_NO_THROW(makeCudaExecutor(0)->run(seg, gpu, shapes));
+      const std::string what = toString(dt) + " mode " + std::to_string(mode);
+      const Tensor a = cpu.tensor(outs[0]), b = gpu.tensor(outs[0]).to(Device::cpu());
+      int64_t differ = 0;
+      for (int64_t i = 0; i < a.numel(); ++i) differ += a.item(i) != b.item(i);
+      EXPECT_EQ(differ, 0) << what << ": uniform differs from the CPU's in " << differ << " elements";
+      if (mode != 2) expectClose(cpu.tensor(nrm), gpu.tensor(nrm), "normal " + what, /*loose=*/false);
+      if (mode == 1) {  // the block is rows [4, 8) of the whole tensor drawn on the CPU
+        Fusion whole;
+        Scalar* s2 = whole.newScalar(DataType::Int, 1234567.0);
+        TensorView* w = ops::uniform(whole.newScalar(DataType::Double, -2), whole.newScalar(DataType::Double, 3),
+                                     {8, 1000}, dt, s2, whole.newScalar(DataType::Int, 5));
+        Segment ws;
+        ws.exprs = {whole.exprs()[0].get()};
+        ws.outputs = {w};
+        ValueMap wv;
+        makeCpuExecutor()->run(ws, wv, {{w, {8, 1000}}});
+        const Tensor full = wv.tensor(w);
+        int64_t off = 0;
+        for (int64_t i = 0; i < b.numel(); ++i) off += full.item(4000 + i) != b.item(i);
+        EXPECT_EQ(off, 0) << what << ": the block is not rows 4..8 of the global tensor";
+      }
+    }
+  }
+}
+
 TEST(CudaExecutorPointwise, MixedDtypesAndScalars) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(3);
@@ -234,6 +357,77 @@ TEST(CudaExecutorReduction, SumMaxMeanOverInnerOuterAndAllAxes) {
       }
     }
   }
+}
+
+// LayerNorm, RMSNorm, softmax, log-softmax and LayerNorm backward (dx, dgamma, dbeta) as one
+// normalization segment, against the CPU executor (which accumulates in double): rows of 1, 7,
+// 4097 (no vector width divides it) and 262144 elements (the multi-pass variant).
+TEST(CudaExecutorNormalization, EveryNormMatchesTheCpuAtEveryRowLengthAndDtype) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(31);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{37, 1}, {37, 7}, {9, 4097}, {64, 4096}, {3, 262144}};
+  for (testing_norms::Norm norm : testing_norms::kAllNorms) {
+    for (DataType dt : {DataType::Float, DataType::BFloat16, DataType::Half}) {
+      for (const auto& [rows, row] : shapes) {
+        Case c;
+        c.kind = Segment::Kind::Normalization;
+        auto input = [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+          return c.input(d, std::move(shape), rng, lo, hi);
+        };
+        c.outputs = testing_norms::defineNorm(norm, c.fusion, dt, rows, row, input);
+        c.check(testing_norms::toString(norm) + " " + toString(dt) + " [" + std::to_string(rows) + ", " +
+                    std::to_string(row) + "]",
+                /*loose=*/dt != DataType::Float);
+      }
+    }
+  }
+}
+
+// Inputs that arrive transposed in memory (the row is strided) or as a slice at an odd offset
+// (rows start unaligned): the kernel indexes them per element.
+TEST(CudaExecutorNormalization, NonContiguousInputs) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(32);
+  for (testing_norms::Norm norm : testing_norms::kAllNorms) {
+    for (int layout = 0; layout < 2; ++layout) {
+      Case c;
+      c.kind = Segment::Kind::Normalization;
+      auto input = [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+        return c.input(d, std::move(shape), rng, lo, hi);
+      };
+      c.outputs = testing_norms::defineNorm(norm, c.fusion, DataType::BFloat16, 48, 520, input);
+      c.to_device = [layout](const Tensor& t) {
+        Tensor d = t.to(Device::cuda(0));
+        if (t.shape() != std::vector<int64_t>{48, 520}) return d;
+        if (layout == 0) {
+          Tensor tr = Tensor::empty({520, 48}, t.dtype(), Device::cuda(0));
+          tr.permute({1, 0}).copyFrom(d);
+          return tr.permute({1, 0});
+        }
+        Tensor wide = Tensor::empty({48, 523}, t.dtype(), Device::cuda(0));
+        Tensor view = wide.slice(1, 3, 520);
+        view.copyFrom(d);
+        return view;
+      };
+      c.check(testing_norms::toString(norm) + (layout == 0 ? " transposed" : " sliced"), /*loose=*/true);
+    }
+  }
+}
+
+TEST(CudaExecutorNormalization, RepeatedExecutionCompilesNothing) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(33);
+  Case c;
+  c.kind = Segment::Kind::Normalization;
+  auto input = [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+    return c.input(d, std::move(shape), rng, lo, hi);
+  };
+  c.outputs =
+      testing_norms::defineNorm(testing_norms::Norm::LayerNormBackward, c.fusion, DataType::BFloat16, 256, 1024, input);
+  c.check("first run", true);
+  const int64_t compiled = cuda::kernelCompilations();
+  c.check("cached run", true);
+  EXPECT_EQ(cuda::kernelCompilations(), compiled);
 }
 
 TEST(CudaExecutorMatmul, MatmulShapesAndDtypes) {

@@ -1,5 +1,6 @@
 """FusionDefinition's two styles, symbolic shapes, the program cache, per-instance backends,
 threads, introspection, and the multidevice annotations on a world of one process."""
+import socket
 import threading
 
 import numpy as np
@@ -219,6 +220,10 @@ def test_communicator_single_process():
     assert comm is Communicator.instance()
     assert (comm.rank, comm.size) == (0, 1)
     assert 0 <= comm.local_rank < comm.local_size
+    assert (comm.node_id, comm.node_count, comm.node_of(0)) == (0, 1, 0)
+    assert comm.node_name(0) == socket.gethostname()
+    with pytest.raises(IndexError):
+        comm.node_of(1)
     comm.barrier()
     assert CommunicatorBackend.mpi in comm.available_backends()
 

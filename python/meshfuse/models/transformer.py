@@ -77,7 +77,13 @@ class TransformerConfig:
 
 
 def _to_float(fd, t):
-    return t if t.dtype == DataType.Float else fd.ops.cast(t, DataType.Float)
+    """t in the layer's compute dtype: Float, or Double for a Double layer (and its Bool masks)."""
+    compute = fd.compute_dtype
+    return t if t.dtype == compute else fd.ops.cast(t, compute)
+
+
+def _compute_dtype(cfg):
+    return DataType.Double if cfg.dtype == DataType.Double else DataType.Float
 
 
 def _to_dtype(fd, t, dtype):
@@ -133,6 +139,7 @@ def _gelu_tanh_grad(fd, u):
 def define_forward(fd, cfg):
     """Appends the layer's forward to `fd`; returns {name: TensorView} of inputs and outputs."""
     cfg.check()
+    fd.compute_dtype = _compute_dtype(cfg)
     b, s, e = cfg.batch, cfg.sequence, cfg.hidden
     tv = {"x": fd.define_tensor([b, s, e], cfg.dtype)}
     for name, shape in cfg.parameter_shapes().items():
@@ -189,15 +196,16 @@ def define_backward(fd, cfg):
     """Appends the layer's backward to `fd`: inputs are the output gradient, the layer's input and
     parameters, and the forward outputs it needs; outputs are BACKWARD_OUTPUTS in order."""
     cfg.check()
+    fd.compute_dtype = cf = _compute_dtype(cfg)
     b, s, e = cfg.batch, cfg.sequence, cfg.hidden
     h, dh, dt = cfg.heads, cfg.head_dim, cfg.dtype
     tv = {"grad_out": fd.define_tensor([b, s, e], dt), "x": fd.define_tensor([b, s, e], dt)}
     for name, shape in cfg.parameter_shapes().items():
         tv[name] = fd.define_tensor(shape, dt)
-    saved = {"ln0_mean": ([b, s], DataType.Float), "ln0_rstd": ([b, s, 1], DataType.Float),
+    saved = {"ln0_mean": ([b, s], cf), "ln0_rstd": ([b, s, 1], cf),
              "qkv": ([b, s, 3 * e], dt), "sdpa_out": ([b, h, s, dh], dt), "sdpa_lse": ([b, h, s], DataType.Float),
              "attn_out": ([b, s, e], dt), "attn_dropout_mask": ([b, s, e], DataType.Bool),
-             "ln1_mean": ([b, s], DataType.Float), "ln1_rstd": ([b, s, 1], DataType.Float),
+             "ln1_mean": ([b, s], cf), "ln1_rstd": ([b, s, 1], cf),
              "fc1_out": ([b, s, 4 * e], dt), "mlp_dropout_mask": ([b, s, e], DataType.Bool)}
     for name, (shape, dtype) in saved.items():
         tv[name] = fd.define_tensor(shape, dtype)
@@ -312,8 +320,38 @@ def apply_schedule(tv, cfg, mesh, schedule, backward=False):
             raise ValueError(f"dp_tp: batch {cfg.batch} does not divide over {dp} data-parallel ranks")
         batch = ["grad_out", "x", "ln0_mean", "ln0_rstd", "qkv", "sdpa_out", "sdpa_lse", "attn_out",
                  "attn_dropout_mask", "ln1_mean", "ln1_rstd", "fc1_out", "mlp_dropout_mask"] if backward else ["x"]
+        if not backward:  # each rank draws only its batch block of the dropout masks
+            batch += ["attn_dropout_mask", "mlp_dropout_mask"]
+            for name in ("attn_dropout_mask", "mlp_dropout_mask"):
+                tv[name].set_device_mesh(mesh)
         for name in batch:
             _shard(tv[name], 0, dp, ParallelType.mesh_y)
+
+
+def output_shardings(schedule, backward=False):
+    """{output name: [(axis, ParallelType), ...]}: how the schedule's outputs come out sharded (by
+    propagation from the annotated inputs; tests check it). Outputs not listed are replicated."""
+    if schedule == "none":
+        return {}
+    x, y = ParallelType.mesh_x, ParallelType.mesh_y
+    if backward:
+        out = {n: [(0, x)] for n in ("grad_qkv_weight", "grad_qkv_bias", "grad_fc1_weight", "grad_fc1_bias")}
+        out.update({n: [(1, x)] for n in ("grad_out_weight", "grad_fc2_weight")})
+        if schedule == "sp":
+            out["grad_x"] = [(1, x)]
+        if schedule == "dp_tp":
+            out["grad_x"] = [(0, y)]
+        return out
+    out = {"qkv": [(2, x)], "sdpa_out": [(1, x)], "sdpa_lse": [(1, x)], "fc1_out": [(2, x)]}
+    if schedule == "sp":
+        for n in ("ln0_mean", "ln0_rstd", "attn_out", "attn_dropout_mask", "ln1_mean", "ln1_rstd", "mlp_dropout_mask",
+                  "out"):
+            out[n] = [(1, x)]
+    if schedule == "dp_tp":
+        for n in FORWARD_OUTPUTS:
+            if n not in ("sdpa_seed", "sdpa_offset"):
+                out[n] = [(0, y)] + out.get(n, [])
+    return out
 
 
 def _input_names(backward):

@@ -2,6 +2,7 @@
 // the bootstrap allgather of bytes, on the world and on two sub-teams at once.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <numeric>
 
@@ -19,10 +20,31 @@ TEST(CommunicatorMp, WorldAndNodeMatchMpi) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   EXPECT_EQ(comm().rank(), rank);
   EXPECT_EQ(comm().size(), size);
-  // ctest starts every rank on this one machine.
-  EXPECT_EQ(comm().localSize(), comm().size());
-  EXPECT_EQ(comm().localRank(), comm().rank());
   comm().barrier();
+}
+
+// Node awareness against MPI's own shared-memory split (ctest runs one node; scripts/cluster-sim
+// runs this suite on several): same local ranks, one node id per node, nodes named by host.
+TEST(CommunicatorMp, NodesMatchMpisSharedMemorySplit) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, static_cast<int>(comm().rank()), MPI_INFO_NULL, &node);
+  int local_rank = -1, local_size = -1;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_size(node, &local_size);
+  EXPECT_EQ(comm().localRank(), local_rank);
+  EXPECT_EQ(comm().localSize(), local_size);
+  std::vector<int64_t> ids(static_cast<size_t>(local_size));
+  const int64_t mine = comm().nodeId();
+  MPI_Allgather(&mine, 1, MPI_INT64_T, ids.data(), 1, MPI_INT64_T, node);
+  MPI_Comm_free(&node);
+  for (int64_t id : ids) EXPECT_EQ(id, mine) << "ranks of one node disagree on its id";
+  int leaders = 0, leader = local_rank == 0 ? 1 : 0;
+  MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(comm().nodeCount(), leaders);
+  char host[65] = {};
+  gethostname(host, 64);
+  EXPECT_EQ(comm().nodes().nodeName(mine), host);
+  for (int64_t r = 0; r < comm().size(); ++r) EXPECT_LT(comm().nodes().nodeOf(r), comm().nodeCount());
 }
 
 TEST(CommunicatorMp, BackendsAreCachedPerTypeAndTeam) {

@@ -1,6 +1,7 @@
 // What is particular to the Gloo backend (its collectives against the float64 reference, for
-// every dtype and team, are in the shared suite of test_backend_mpi.cpp): the rendezvous in a
-// fresh FileStore directory per backend, removed once connected; operations that run in posting
+// every dtype and team, are in the shared suite of test_backend_mpi.cpp): the rendezvous over MPI
+// (backends of one team connect independently; a rank without a TCP device fails every rank at
+// once, naming itself); operations that run in posting
 // order on the worker while their Works are waited for in any order; sends and receives that
 // never queue behind a collective; messages to oneself; waits that time out naming the operation,
 // and Gloo's own operation timeout when a peer never comes; arguments rejected before any
@@ -8,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
-#include <filesystem>
+#include <optional>
 
 #include "backend_test_utils.h"
 #include "backends/gloo/gloo_backend.h"
@@ -22,7 +23,18 @@ Communicator& comm() { return Communicator::instance(); }
 std::vector<int64_t> world() { return teamOf(TeamKind::World); }
 Backend& worldGloo() { return comm().backend(CommunicatorBackend::Gloo, world()); }
 
-// Sets an environment variable for one scope (every rank sets the same value).
+// The message of the `E` that `f` throws ("" when it throws nothing; another exception escapes).
+template <typename E, typename F>
+std::string messageOf(F f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Sets an environment variable for one scope (on the ranks that make one).
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const std::string& value) : name_(name) {
@@ -41,30 +53,6 @@ class ScopedEnv {
   std::string old_;
 };
 
-// A directory rank 0 makes, known to every rank, removed at the end.
-class SharedTempDir {
- public:
-  SharedTempDir() {
-    std::string made;
-    if (comm().rank() == 0) {
-      std::string pattern = "/tmp/meshfuse-gloo-test-XXXXXX";
-      if (mkdtemp(pattern.data()) != nullptr) made = pattern;
-    }
-    made.resize(256, '\0');  // equal contributions
-    path_ = comm().allgatherBytes(world(), made, kWait)[0].c_str();
-  }
-  ~SharedTempDir() {
-    comm().barrier();  // nobody uses it any more
-    std::error_code ignored;
-    if (comm().rank() == 0) std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-  bool empty() const { return std::filesystem::is_empty(path_); }
-
- private:
-  std::string path_;
-};
-
 TEST(GlooBackend, IsRegisteredAndServesTheCommunicatorsTeams) {
   const auto available = comm().availableBackends();
   EXPECT_NE(std::find(available.begin(), available.end(), CommunicatorBackend::Gloo), available.end());
@@ -76,15 +64,9 @@ TEST(GlooBackend, IsRegisteredAndServesTheCommunicatorsTeams) {
   EXPECT_EQ(&gloo, &worldGloo()) << "one cached backend per (type, team)";
 }
 
-TEST(GlooRendezvous, EveryBackendGetsAFreshStoreDirectoryRemovedOnceConnected) {
+TEST(GlooRendezvous, TwoBackendsOfOneTeamConnectIndependently) {
   if (comm().size() < 2) GTEST_SKIP() << "a team of one connects nothing";
-  SharedTempDir base;
-  ASSERT_FALSE(base.path().empty()) << "rank 0 could not make a directory under /tmp";
-  ScopedEnv env("MESHFUSE_GLOO_STORE_DIR", base.path());
-  // Two backends of the same team, both alive: a reused store would abort ("File already exists").
   GlooBackend first(comm(), world()), second(comm(), world());
-  comm().barrier();
-  EXPECT_TRUE(base.empty()) << "a store directory was left in " << base.path();
   for (GlooBackend* b : {&first, &second}) {
     Tensor t = tensorOf(contribution(41, b->rankInTeam(), 9, DataType::Int), DataType::Int);
     b->allreduce(t, ReduceOp::Sum)->wait(kWait);
@@ -94,12 +76,16 @@ TEST(GlooRendezvous, EveryBackendGetsAFreshStoreDirectoryRemovedOnceConnected) {
   }
 }
 
-TEST(GlooRendezvous, AStoreDirectoryThatCannotBeMadeFailsEveryRankNamingIt) {
-  if (comm().size() < 2) GTEST_SKIP() << "a team of one needs no store";
-  ScopedEnv env("MESHFUSE_GLOO_STORE_DIR", "/nonexistent/meshfuse-store");
+TEST(GlooRendezvous, ARankWithoutADeviceFailsEveryRankAtOnceNamingIt) {
+  if (comm().size() < 2) GTEST_SKIP() << "needs a rank whose device works";
+  const int64_t last = comm().size() - 1;
+  std::optional<ScopedEnv> env;
+  if (comm().rank() == last) env.emplace("MESHFUSE_GLOO_IFACE", "nosuchiface9");
+  const auto start = std::chrono::steady_clock::now();
   const std::string msg = messageOf<std::runtime_error>([] { GlooBackend b(comm(), world()); });
-  EXPECT_NE(msg.find("/nonexistent/meshfuse-store"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("MESHFUSE_GLOO_STORE_DIR"), std::string::npos) << msg;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "the others waited for it";
+  EXPECT_NE(msg.find("rank " + std::to_string(last) + " "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nosuchiface9"), std::string::npos) << msg;
   EXPECT_NE(msg.find(teamToString(world())), std::string::npos) << msg;
 }
 

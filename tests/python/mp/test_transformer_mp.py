@@ -15,7 +15,8 @@ import meshfuse  # noqa: E402
 import transformer_reference as ref  # noqa: E402
 from meshfuse import CommunicatorBackend, DataType, FusionDefinition, ParallelType  # noqa: E402
 from meshfuse.models import (BACKWARD_OUTPUTS, FORWARD_OUTPUTS, PARAMETERS, TransformerBackward,  # noqa: E402
-                             TransformerConfig, TransformerForward, mesh_for, shard_inputs)
+                             TransformerConfig, TransformerForward, mesh_for, output_shardings,
+                             shard_inputs)
 from meshfuse.multidevice import Communicator, shard_tensor  # noqa: E402
 
 COMM = Communicator.instance()
@@ -31,21 +32,25 @@ def config(schedule):
                              dropout_p=0.2, attention_dropout_p=0.0)
 
 
-def gather(local, tv):
-    """The global array of a (possibly sharded) output, by a meshfuse allgather program."""
-    if tv.device_mesh is None or not tv.is_sharded:
+def gather(local, tv, mesh, sharding):
+    """The global array of an output sharded as `sharding` [(axis, ParallelType)] on `mesh`, by a
+    meshfuse allgather program; the local shard's shape is checked on the way."""
+    if not sharding:
+        assert list(local.shape) == list(tv.shape), f"{tv.name}: replicated output of shape {local.shape}"
         return local
+    expected = list(tv.shape)
+    for axis, parallel in sharding:
+        expected[axis] //= mesh.size_along(parallel)
+    assert list(local.shape) == expected, f"{tv.name}: local shape {list(local.shape)}, expected {expected}"
     with FusionDefinition() as fd:
         x = fd.define_tensor(list(tv.shape), tv.dtype)
         y = fd.ops.set(x)
         fd.add_output(y)
-        x.set_device_mesh(tv.device_mesh)
-        y.set_device_mesh(tv.device_mesh)
-        for i in range(tv.num_loop_axes):
-            ax = tv.axis(i)
-            if ax.parallel_type in (ParallelType.mesh_x, ParallelType.mesh_y):
-                x.outer_split(ax.logical_axis, tv.device_mesh.size_along(ax.parallel_type))
-                x.axis(ax.logical_axis).parallelize(ax.parallel_type)
+        x.set_device_mesh(mesh)
+        y.set_device_mesh(mesh)
+        for axis, parallel in sorted(sharding, reverse=True):  # a split shifts the loop axes after it
+            x.outer_split(axis, mesh.size_along(parallel))
+            x.axis(axis).parallelize(parallel)
     return fd.execute([local])[0]
 
 
@@ -72,7 +77,9 @@ def test_layer_matches_reference_on_every_rank(schedule, backend):
     bwd = TransformerBackward(cfg, mesh, schedule, backend_type=backend)
     arrays = global_inputs(cfg)
     outs = dict(zip(FORWARD_OUTPUTS, fwd.execute(shard_inputs(fwd, arrays, RANK))))
-    full = {n: gather(outs[n], fwd.tensors[n]) for n in FORWARD_OUTPUTS if n not in ("sdpa_seed", "sdpa_offset")}
+    out_sh, grad_sh = output_shardings(schedule), output_shardings(schedule, backward=True)
+    full = {n: gather(outs[n], fwd.tensors[n], mesh, out_sh.get(n)) for n in FORWARD_OUTPUTS
+            if n not in ("sdpa_seed", "sdpa_offset")}
     m1, m2 = full["attn_dropout_mask"], full["mlp_dropout_mask"]
     p64 = {n: arrays[n].astype(np.float64) for n in PARAMETERS}
     r = ref.forward(arrays["x"].astype(np.float64), p64, m1, m2, cfg)
@@ -85,19 +92,34 @@ def test_layer_matches_reference_on_every_rank(schedule, backend):
     grads = dict(zip(BACKWARD_OUTPUTS, bwd.execute([local[n] for n in bwd.input_names()])))
     g = ref.backward(arrays["grad_out"].astype(np.float64), arrays["x"].astype(np.float64), p64, m1, m2, cfg)
     for name in BACKWARD_OUTPUTS:
-        got = gather(grads[name], bwd.tensors[name])
+        got = gather(grads[name], bwd.tensors[name], mesh, grad_sh.get(name))
         np.testing.assert_allclose(got, g[name], rtol=1e-3, atol=1e-3 * np.abs(g[name]).max(),
                                    err_msg=f"rank {RANK}: {name}")
 
     fwd_comms, bwd_comms = communications(fwd), communications(bwd)
     if schedule == "tp":
-        assert fwd_comms == ["Allreduce", "Allreduce"], fwd.host_ir()
-        assert bwd_comms == ["Allreduce", "Allreduce"], bwd.host_ir()
+        assert fwd_comms == ["Allreduce"] * 2, fwd.host_ir()
+        assert bwd_comms == ["Allreduce"] * 2, bwd.host_ir()
     elif schedule == "sp":
-        assert fwd_comms.count("Allgather") == 2 and fwd_comms.count("ReduceScatter") == 2, fwd.host_ir()
-        assert "Allreduce" not in fwd_comms, fwd.host_ir()
-    else:  # dp_tp: TP's allreduces (over tp) and, in the backward, the dp reduction of each gradient
-        assert fwd_comms == ["Allreduce", "Allreduce"] or WORLD // 2 == 1 and fwd_comms == [], fwd.host_ir()
+        assert fwd_comms == ["Allgather", "ReduceScatter"] * 2, fwd.host_ir()
+        # Gathers of the activations the weight gradients need, the two input gradients that
+        # contract the sharded features, and the sequence-sharded LayerNorm and bias gradients.
+        assert sorted(bwd_comms) == ["Allgather"] * 4 + ["Allreduce"] * 6, bwd.host_ir()
+    else:  # dp_tp: TP's allreduces over the tp teams; the backward adds one per parameter over dp
+        tp_team, dp_team = mesh.team(RANK, ParallelType.mesh_x), mesh.team(RANK, ParallelType.mesh_y)
+        assert teams(fwd) == [tp_team] * 2, fwd.host_ir()
+        assert sorted(map(str, teams(bwd))) == sorted(map(str, [tp_team] * 2 + [dp_team] * len(PARAMETERS))), \
+            bwd.host_ir()
+
+
+def teams(fd):
+    """The team of each communication in fd's last host program."""
+    out = []
+    for line in fd.host_ir().splitlines():
+        if "Post" in line.split()[0]:
+            team = line[line.index("team=[") + 6:]
+            out.append([int(r) for r in team[:team.index("]")].split(",")])
+    return out
 
 
 def test_heads_not_divisible_by_the_mesh_fail_at_definition_on_every_rank():

@@ -1,0 +1,130 @@
+"""Fused attention benchmark (issue 13).
+
+  python3 benchmarks/attention.py --gpu   # H200: bf16 d=128 fwd/bwd TFLOP/s, meshfuse (cuDNN) vs torch SDPA backends
+  python3 benchmarks/attention.py --cpu   # one thread, s=2048: meshfuse's flash kernel vs numpy matmul-softmax-matmul
+
+FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x the forward (five products against two).
+Run the CPU part with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset for that command (ENVIRONMENT.md)."""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
+
+
+def flops(b, h, s, d, causal, backward=False):
+    f = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
+    return f * (2.5 if backward else 1.0)
+
+
+def gpu(args):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from meshfuse import DataType, FusionDefinition
+
+    def timed(fn, iters):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
+
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cudnn {torch.backends.cudnn.version()}")
+    print(f"{'shape (b,h,s)':>16} {'causal':>6} {'impl':>10} {'fwd TF/s':>9} {'bwd TF/s':>9} {'max|err| vs torch':>18}")
+    d = 128
+    for b, h, s in [(1, 96, 2048), (4, 32, 4096), (1, 32, 8192)]:
+        for causal in (False, True):
+            q, k, v, go = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            with FusionDefinition() as fwd:
+                tq, tk, tv = (fwd.define_tensor([b, h, s, d], dtype=DataType.BFloat16) for _ in range(3))
+                o, lse, seed, off = fwd.ops.sdpfa_fwd(tq, tk, tv, is_causal=causal)
+                for t in (o, lse, seed, off):
+                    fwd.add_output(t)
+            out, lse_v, seed_v, off_v = fwd.execute([q, k, v])
+            with FusionDefinition() as bwd:
+                tg, tq, tk, tv, to = (bwd.define_tensor([b, h, s, d], dtype=DataType.BFloat16) for _ in range(5))
+                tl = bwd.define_tensor([b, h, s], dtype=DataType.Float)
+                ts, tf = bwd.define_tensor([], dtype=DataType.Int), bwd.define_tensor([], dtype=DataType.Int)
+                for g in bwd.ops.sdpfa_bwd(tg, tq, tk, tv, to, tl, 0.0, causal, ts, tf):
+                    bwd.add_output(g)
+            bargs = [go, q, k, v, out, lse_v, seed_v, off_v]
+            t_f = timed(lambda: fwd.execute([q, k, v]), args.iters)
+            t_b = timed(lambda: bwd.execute(bargs), args.iters)
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            err = (out.float() - ref.float()).abs().max().item()
+            print(f"{str((b, h, s)):>16} {str(causal):>6} {'meshfuse':>10} {flops(b, h, s, d, causal) / t_f / 1e12:9.0f} "
+                  f"{flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f} {err:18.4f}", flush=True)
+            for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                                  ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+                try:
+                    with sdpa_kernel([backend]):
+                        qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+                        t_f = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), args.iters)
+                        o2 = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+                        t_b = timed(lambda: torch.autograd.grad(o2, (qq, kk, vv), go, retain_graph=True), args.iters)
+                    print(f"{'':>16} {'':>6} {name:>10} {flops(b, h, s, d, causal) / t_f / 1e12:9.0f} "
+                          f"{flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f}", flush=True)
+                except RuntimeError as e:
+                    print(f"{'':>16} {'':>6} {name:>10} unavailable: {str(e).splitlines()[0][:60]}")
+            del q, k, v, go, out, lse_v
+            torch.cuda.empty_cache()
+
+
+def cpu(args):
+    import numpy as np
+    from meshfuse import FusionDefinition
+
+    b, h, s, d = 1, 4, 2048, 64
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal([b, h, s, d]).astype(np.float32) for _ in range(3))
+
+    def numpy_attention(q, k, v, causal):
+        sc = (q @ np.swapaxes(k, -1, -2)) * np.float32(1 / np.sqrt(d))
+        if causal:
+            sc = np.where(np.tri(s, dtype=bool), sc, np.float32(-np.inf))
+        sc = np.exp(sc - sc.max(-1, keepdims=True))
+        sc /= sc.sum(-1, keepdims=True)
+        return sc @ v
+
+    def best(fn, reps):
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    print(f"CPU one thread, b={b} h={h} s={s} d={d} fp32")
+    for causal in (False, True):
+        with FusionDefinition() as fd:
+            tq, tk, tv = (fd.define_tensor([b, h, s, d]) for _ in range(3))
+            o, _, _, _ = fd.ops.sdpfa_fwd(tq, tk, tv, is_causal=causal)
+            fd.add_output(o)
+        (mine,) = fd.execute([q, k, v])
+        ref = numpy_attention(q, k, v, causal)
+        t_mf = best(lambda: fd.execute([q, k, v]), args.reps)
+        t_np = best(lambda: numpy_attention(q, k, v, causal), args.reps)
+        print(f"causal={causal!s:5}: meshfuse {t_mf * 1e3:7.1f} ms ({flops(b, h, s, d, causal) / t_mf / 1e9:5.1f} GFLOP/s)"
+              f"  numpy {t_np * 1e3:7.1f} ms  speedup {t_np / t_mf:4.2f}x  max|diff| {np.abs(mine - ref).max():.2e}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    if a.cpu:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        cpu(a)
+    if a.gpu:
+        gpu(a)

@@ -1,0 +1,293 @@
+// The CUDA normalization scheduler (see normalization.h).
+#include "runtime/cuda/normalization.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/kernel_cache.h"
+#include "runtime/cuda/streams.h"
+#include "runtime/normalization_plan.h"
+
+namespace meshfuse::cuda {
+
+namespace {
+
+using Program = NormalizationProgram;
+using Varies = Program::Varies;
+using Operand = Program::Operand;
+
+const char* const kMainName = "meshfuse_normalization";
+const char* const kEpilogueName = "meshfuse_normalization_epilogue";
+
+// Values per thread the persistent variant keeps in registers for the row, summed over the arrays
+// it holds (element and column inputs, outer accumulators): about half of the 255 registers a
+// thread may have, leaving the rest to the arithmetic. Past it, the multi-pass variant runs.
+constexpr int kRegisterBudget = 96;
+constexpr int kMaxValuesPerArray = 32;
+constexpr int kItemsTarget = 4;  // 16-byte loads in flight per thread and array
+constexpr int kMultiPassThreads = 512;
+constexpr int kEpilogueBlock = 256;
+
+bool isElement(Varies v) { return v == Varies::PerElement || v == Varies::PerColumn; }
+
+// The strides along F's axes of tensor `t` holding a value lined up with F by `info` (0 where the
+// tensor has extent 1), and what they say about the port.
+std::vector<int64_t> fStrides(const NormalizationPlan& plan, const NormalizationPlan::Value& info, const Tensor& t) {
+  std::vector<int64_t> f(plan.full_shape.size(), 0);
+  for (size_t i = 0; i < info.axes.size(); ++i)
+    if (t.size(static_cast<int64_t>(i)) != 1) f[info.axes[i]] = t.strides()[i];
+  return f;
+}
+
+void describePort(const NormalizationPlan& plan, const std::vector<int64_t>& f, Program::Port& port) {
+  const int rank = static_cast<int>(plan.full_shape.size());
+  for (int d = 0; d < rank; ++d)
+    if (f[d] != 0) (d < plan.split ? port.has_rows : port.has_columns) = true;
+  // A value that varies along the row is read and written along it even where F's extent (and so
+  // the tensor's stride) is 1: a row of one element.
+  if (isElement(port.varies)) port.has_columns = true;
+  if (port.varies == Varies::PerRow || port.varies == Varies::PerElement) port.has_rows = true;
+  int64_t expected = 1;
+  bool dense = true;
+  for (int d = rank - 1; d >= plan.split; --d) {
+    if (plan.full_shape[d] == 1) continue;
+    dense = dense && f[d] == expected;
+    expected *= plan.full_shape[d];
+  }
+  port.contiguous_row = port.has_columns && dense;
+}
+
+int ceilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace
+
+std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, const ShapeMap& shapes,
+                                                        const ValueMap& values, const std::vector<Tensor>& outputs,
+                                                        std::string* why) {
+  auto refuse = [&](const std::string& reason) -> std::optional<NormalizationLaunch> {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
+  std::string plan_why;
+  const auto plan = planNormalization(seg.exprs, shapes, &plan_why);
+  if (!plan) return refuse(plan_why);
+  if (plan->rows == 0 || plan->row_length == 0) return refuse("an empty iteration space");
+  if (outputs.size() != seg.outputs.size()) throw std::logic_error("CUDA normalization: one tensor per output");
+
+  NormalizationLaunch L;
+  Program& p = L.program;
+  p.outer_rank = plan->split;
+  p.inner_rank = static_cast<int>(plan->full_shape.size()) - plan->split;
+  if (p.outer_rank < 1 || p.inner_rank < 1 || p.outer_rank > 16 || p.inner_rank > 16)
+    return refuse("F has " + std::to_string(p.outer_rank) + " outer and " + std::to_string(p.inner_rank) +
+                  " inner axes");
+  L.outer_shape.assign(plan->full_shape.begin(), plan->full_shape.begin() + plan->split);
+  L.inner_shape.assign(plan->full_shape.begin() + plan->split, plan->full_shape.end());
+  L.rows = plan->rows;
+  L.row_length = plan->row_length;
+  bool wide = false;
+  for (const auto& [v, info] : plan->values) wide = wide || v->dtype() == DataType::Double;
+  p.compute = wide ? DataType::Double : DataType::Float;
+
+  std::unordered_map<const Val*, Operand> home;
+  std::vector<std::vector<int64_t>> load_strides, store_strides;
+  auto refOf = [&](const Val* v) -> Operand {
+    if (auto it = home.find(v); it != home.end()) return it->second;
+    Operand o;
+    if (!v->isTensor()) {
+      const auto* s = static_cast<const Scalar*>(v);
+      if (s->isConstant()) {
+        o.kind = Operand::Kind::Constant;
+        o.value = *s->value();
+      } else {
+        o.kind = Operand::Kind::Scalar;
+        o.index = p.num_scalars++;
+        L.scalars.push_back(values.scalar(v));
+      }
+      return home[v] = o;
+    }
+    const Tensor& t = values.tensor(v);  // a segment input
+    const NormalizationPlan::Value& info = plan->value(v);
+    Program::Port port;
+    port.dtype = t.dtype();
+    port.varies = info.varies;
+    const std::vector<int64_t> f = fStrides(*plan, info, t);
+    describePort(*plan, f, port);
+    o.kind = Operand::Kind::Load;
+    o.index = static_cast<int>(p.loads.size());
+    p.loads.push_back(port);
+    L.loads.push_back(t);
+    load_strides.push_back(f);
+    return home[v] = o;
+  };
+  for (const Expr* e : seg.exprs) {
+    if (e->op() == OpType::BroadcastInDim) {
+      home[e->out()] = refOf(e->input(0));  // the same value, read along more axes
+      continue;
+    }
+    Program::Step st;
+    st.op = e->op();
+    for (const Val* in : e->inputs()) st.args.push_back(refOf(in));
+    const NormalizationPlan::Value& info = plan->value(e->out());
+    st.varies = info.varies;
+    st.after = info.after_outer_reduction;
+    st.outer = isReduction(e->op()) && info.after_outer_reduction;
+    if (e->op() == OpType::Cast || isCreation(e->op())) {
+      st.round = true;
+      st.round_to = e->op() == OpType::Cast ? e->attrs().cast_to : e->out()->dtype();
+    }
+    Operand o;
+    o.kind = Operand::Kind::Temp;
+    o.index = static_cast<int>(p.steps.size());
+    p.steps.push_back(std::move(st));
+    home[e->out()] = o;
+  }
+  for (size_t i = 0; i < seg.outputs.size(); ++i) {
+    const TensorView* out = seg.outputs[i];
+    const NormalizationPlan::Value& info = plan->value(out);
+    Program::Port port;
+    port.dtype = out->dtype();
+    port.varies = info.varies;
+    port.after = info.after_outer_reduction;
+    port.value = refOf(out);
+    const std::vector<int64_t> f = fStrides(*plan, info, outputs[i]);
+    describePort(*plan, f, port);
+    p.stores.push_back(port);
+    L.stores.push_back(outputs[i]);
+    store_strides.push_back(f);
+  }
+  if (load_strides.empty()) load_strides.emplace_back(plan->full_shape.size(), 0);
+  L.strides = load_strides;
+  L.strides.insert(L.strides.end(), store_strides.begin(), store_strides.end());
+  return L;
+}
+
+NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
+  const Program& p = L.program;
+  const int64_t n = L.row_length;
+  const int nl = static_cast<int>(p.loads.size());
+  // The element ports: what is read or written along a row by the main kernel.
+  std::vector<int> ports;
+  std::vector<const Tensor*> tensors;
+  std::vector<const Program::Port*> infos;
+  for (int l = 0; l < nl; ++l)
+    if (isElement(p.loads[l].varies) && p.loads[l].has_columns) {
+      ports.push_back(l);
+      tensors.push_back(&L.loads[l]);
+      infos.push_back(&p.loads[l]);
+    }
+  for (size_t o = 0; o < p.stores.size(); ++o)
+    if (!p.stores[o].after && p.stores[o].has_columns) {
+      ports.push_back(std::max(1, nl) + static_cast<int>(o));
+      tensors.push_back(&L.stores[o]);
+      infos.push_back(&p.stores[o]);
+    }
+  size_t narrowest = 8;
+  for (const Tensor* t : tensors) narrowest = std::min(narrowest, t->itemsize());
+  NormalizationVariant v;
+  v.vec = std::min<int>(8, static_cast<int>(16 / narrowest));
+  // A vector of `vec` elements must start every row of every dense port at an aligned address.
+  auto aligned = [&](int vec) {
+    if (n % vec != 0) return false;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!infos[i]->contiguous_row) continue;
+      const uintptr_t bytes = std::min<uintptr_t>(16, static_cast<uintptr_t>(vec) * tensors[i]->itemsize());
+      if (reinterpret_cast<uintptr_t>(tensors[i]->data()) % bytes != 0) return false;
+      for (int d = 0; d < p.outer_rank; ++d)
+        if (L.strides[ports[i]][d] % vec != 0) return false;
+    }
+    return true;
+  };
+  while (v.vec > 1 && !aligned(v.vec)) v.vec /= 2;
+
+  int arrays = p.numOuterReductions();
+  for (const auto& port : p.loads) arrays += port.varies == Varies::PerElement ? 1 : 0;
+  for (const auto& st : p.steps)  // possibly kept in registers across passes (an upper bound)
+    arrays += st.varies == Varies::PerElement && isExpensiveNormalizationOp(st.op) ? 1 : 0;
+  const int budget = p.compute == DataType::Double ? kRegisterBudget / 2 : kRegisterBudget;
+  const int per_array = std::max(v.vec, std::min(kMaxValuesPerArray, budget / std::max(1, arrays)) / v.vec * v.vec);
+  const int items_max = per_array / v.vec;
+  const int64_t packs = (n + v.vec - 1) / v.vec;
+  if (packs > int64_t{1024} * items_max) {
+    v.items = 0;  // multi-pass: the row does not fit the registers of one block
+    v.threads_x = kMultiPassThreads;
+    v.threads_y = 1;
+    return v;
+  }
+  int tx = ceilDiv(packs, std::min(items_max, kItemsTarget));
+  if (tx <= 32) {
+    int pow2 = 1;
+    while (pow2 < tx) pow2 *= 2;
+    tx = pow2;
+  } else {
+    tx = std::min(1024, ceilDiv(tx, 32) * 32);
+  }
+  v.threads_x = tx;
+  v.items = ceilDiv(packs, tx);
+  v.threads_y = tx < 128 ? std::max(1, 128 / tx) : 1;
+  if ((v.threads_x * v.threads_y) % 32 != 0) v.threads_y = 32 / std::min(32, v.threads_x);
+  return v;
+}
+
+void runNormalization(int device, const NormalizationLaunch& L) {
+  const Program& p = L.program;
+  const NormalizationVariant v = chooseNormalizationVariant(L);
+  const std::string key = "normalization|" + p.key() + "|" + v.key();
+  KernelFunction kernel = cachedKernel(
+      device, key, [&] { return generateNormalizationSource(p, v, kMainName); }, kMainName);
+
+  DeviceGuard guard(device);
+  // A persistent grid: as many blocks as run at once (the row groups loop), capped at 2 blocks a
+  // multiprocessor when outer reductions write a partial row per block.
+  int per_sm = 0;
+  MESHFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(kernel),
+                                                                    v.threads_x * v.threads_y, 0));
+  per_sm = std::max(1, per_sm);
+  const int outer = p.numOuterReductions();
+  if (outer > 0) per_sm = std::min(per_sm, 2);
+  const int64_t groups = (L.rows + v.threads_y - 1) / v.threads_y;
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{multiprocessorCount(device)} * per_sm));
+  const int64_t parts = grid * v.threads_y;
+  const DataType wdt = p.compute;
+  Tensor workspace;
+  if (outer > 0) workspace = Tensor::empty({outer * parts * L.row_length}, wdt, Device::cuda(device));
+
+  std::vector<uint64_t> words;
+  words.reserve(normalizationParamWords(p));
+  auto ptr = [&](const void* q) { words.push_back(reinterpret_cast<uintptr_t>(q)); };
+  for (const Tensor& t : L.loads) ptr(t.data());
+  if (L.loads.empty()) ptr(nullptr);
+  for (const Tensor& t : L.stores) ptr(t.data());
+  ptr(outer > 0 ? workspace.data() : nullptr);
+  for (double s : L.scalars) {
+    uint64_t w;
+    std::memcpy(&w, &s, 8);
+    words.push_back(w);
+  }
+  if (L.scalars.empty()) words.push_back(0);
+  words.push_back(static_cast<uint64_t>(L.rows));
+  words.push_back(static_cast<uint64_t>(L.row_length));
+  for (int64_t e : L.outer_shape) words.push_back(static_cast<uint64_t>(e));
+  for (int64_t e : L.inner_shape) words.push_back(static_cast<uint64_t>(e));
+  for (const auto& st : L.strides)
+    for (int64_t s : st) words.push_back(static_cast<uint64_t>(s));
+  words.push_back(static_cast<uint64_t>(parts));
+  if (words.size() != normalizationParamWords(p))
+    throw std::logic_error("CUDA normalization: parameter block size mismatch");
+
+  const Stream stream = currentStream(device);
+  launchKernel(kernel, static_cast<unsigned>(grid), static_cast<unsigned>(v.threads_x), stream, words.data(), 0, 1,
+               static_cast<unsigned>(v.threads_y));
+  if (outer == 0) return;
+  const std::string ekey = "normalization_epilogue|" + p.key();
+  KernelFunction epilogue = cachedKernel(
+      device, ekey, [&] { return generateNormalizationEpilogueSource(p, kEpilogueName); }, kEpilogueName);
+  const int64_t eblocks = std::max<int64_t>(1, std::min<int64_t>((L.row_length + kEpilogueBlock - 1) / kEpilogueBlock,
+                                                                 int64_t{multiprocessorCount(device)} * 8));
+  launchKernel(epilogue, static_cast<unsigned>(eblocks), kEpilogueBlock, stream, words.data());
+}
+
+}  // namespace meshfuse::cuda

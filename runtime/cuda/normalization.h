@@ -1,0 +1,44 @@
+// The CUDA normalization scheduler: runs a Segment::Kind::Normalization segment (LayerNorm, RMSNorm,
+// softmax and their backward) as one generated persistent kernel (normalization_codegen.h), plus
+// a small epilogue kernel when the segment has outer reductions (weight and bias gradients).
+//
+// prepareNormalization resolves the segment to a NormalizationProgram (its loads, steps and stores)
+// and the tensors and strides of one run; chooseNormalizationVariant picks the launch shape from the
+// row length, the dtypes, the alignment of the tensors and the register budget; both are plain host
+// code (tests call them without a GPU). runNormalization compiles (once per program and variant,
+// kernel_cache.h), sizes the grid from the multiprocessor count and the kernel's occupancy, and
+// launches on the device's current stream.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/cuda/normalization_codegen.h"
+#include "runtime/segment.h"
+
+namespace meshfuse::cuda {
+
+struct NormalizationLaunch {
+  NormalizationProgram program;
+  std::vector<Tensor> loads, stores;  // in port order (stores: the segment's outputs, in order)
+  std::vector<double> scalars;
+  std::vector<int64_t> outer_shape, inner_shape;  // F's
+  // F strides (outer axes, then inner axes) of each port: loads (at least one slot), then stores.
+  std::vector<std::vector<int64_t>> strides;
+  int64_t rows = 0, row_length = 0;
+};
+
+// The launch of `seg` reading `values` (segment inputs, any device) and writing `outputs` (one
+// tensor per seg.outputs, of its local shape), or nullopt with the reason in `why` when the
+// segment is not one this scheduler runs (then the executor runs it expr by expr).
+std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, const ShapeMap& shapes,
+                                                        const ValueMap& values, const std::vector<Tensor>& outputs,
+                                                        std::string* why = nullptr);
+
+NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch);
+
+// Compiles (cached) and launches on `device`'s current stream; the tensors must live there.
+void runNormalization(int device, const NormalizationLaunch& launch);
+
+}  // namespace meshfuse::cuda
