@@ -67,7 +67,17 @@ std::vector<int> reshapeAxes(const std::vector<int64_t>& in, const std::vector<i
   }
   size_t i = 0, j = 0;
   while (i < in.size() && j < out.size()) {
-    // Extent-1 axes form groups of their own where they can (they carry no blocks).
+    // Extent-1 axes form groups of their own where they can (they carry no blocks). One facing an
+    // axis of extent > 1 joins no group: the group starts at the next axis, where the blocks of a
+    // sharding begin ([1, 4, 1] sharded on axis 1 -> [2, 2] sharded on axis 0 stays local).
+    if (in[i] == 1 && out[j] != 1) {
+      ++i;
+      continue;
+    }
+    if (out[j] == 1 && in[i] != 1) {
+      ++j;
+      continue;
+    }
     const size_t gi = i, gj = j;
     int64_t pi = in[i++], pj = out[j++];
     while (pi != pj) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "fuzz_runner.h"
+#include "ops/ops.h"
 
 namespace meshfuse {
 namespace {
@@ -28,6 +29,29 @@ TEST(FuzzFusions, TenThousandRandomCasesMatchTheReferenceOrRaiseUserError) {
               failed);
   EXPECT_EQ(failed, 0);
   if (cases >= 100) EXPECT_GT(matched, static_cast<int>(cases) / 2) << "most cases are valid and must run";
+}
+
+// Found by the fuzzer (seeds 3773, 5610, 6649 and 2052): on a mesh of one device a sharding is the
+// whole tensor, so any annotation of a reshape's result lines up with its input's blocks; it was
+// rejected as one that does not ([2] sharded on axis 0 -> [2, 1] annotated sharded on axis 1).
+TEST(FuzzFusions, ReshapeAnnotationOnAOneDeviceMeshAlwaysLinesUp) {
+  auto f = std::make_shared<Fusion>();
+  TensorView* x = f->newTensor(DataType::Float, {2});
+  f->addInput(x);
+  TensorView* y = ops::reshape(x, {2, 1});
+  f->addOutput(y);
+  for (auto [tv, axis] : {std::pair{x, 0}, std::pair{y, 1}}) {
+    tv->setDeviceMesh(DeviceMesh({0}));
+    tv->outerSplit(axis, 1);
+    tv->parallelize(axis, ParallelType::MeshX);
+  }
+  Tensor in = Tensor::empty({2}, DataType::Float);
+  in.dataAs<float>()[0] = 1.5f;
+  in.dataAs<float>()[1] = -2.0f;
+  auto out = FusionExecutorCache(f).execute({in});
+  ASSERT_EQ(out[0].shape(), (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(out[0].item(0), 1.5);
+  EXPECT_EQ(out[0].item(1), -2.0);
 }
 
 }  // namespace

@@ -36,6 +36,9 @@ def job_env(**overrides):
     singleton, whose OMPI_/PMIX_ variables would confuse the cluster's mpirun)."""
     env = {k: v for k, v in os.environ.items() if not re.match(r"(OMPI_|PMIX_|PMI_)", k)}
     env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MESHFUSE_TIMEOUT="60")
+    # The ranks import meshfuse from this tree as this process does: Debian's python3 (the torch
+    # run of scripts/test) has no .pth for it, unlike .venv.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(ROOT, "python"), env.get("PYTHONPATH")) if p)
     env.update(overrides)
     return env
 

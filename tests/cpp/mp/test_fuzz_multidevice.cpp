@@ -142,5 +142,29 @@ TEST(FuzzMultiDevice, SymbolicSizeOneAxisExpandsIntoShardedAxis) {
   for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(out[0].item(i), full.item(0)) << i;
 }
 
+// Found by the fuzzer (seeds 5102, 6372): extent-1 axes in front of a sharded axis made a reshape
+// group start at them, so [1, 2n, 1] sharded on axis 1 -> [n, 2] sharded on axis 0, whose blocks
+// line up, was rejected as an annotation that does not line up. It now stays local.
+TEST(FuzzMultiDevice, ReshapeSkipsExtentOneAxesBeforeAShardedAxis) {
+  Communicator& comm = Communicator::instance();
+  const int64_t n = comm.size(), rank = comm.rank();
+  auto f = std::make_shared<Fusion>();
+  TensorView* x = f->newTensor(DataType::Float, {1, 2 * n, 1});
+  f->addInput(x);
+  TensorView* y = ops::reshape(x, {n, 2});
+  f->addOutput(y);
+  for (auto [tv, axis] : {std::pair{x, 1}, std::pair{y, 0}}) {
+    tv->setDeviceMesh(testing::worldMesh());
+    tv->outerSplit(axis, n);
+    tv->parallelize(axis, ParallelType::MeshX);
+  }
+  Tensor full = testing::randomTensor({1, 2 * n, 1}, 84);
+  FusionExecutorCache fec(f);
+  auto out = fec.execute({testing::shardOf(full, 1, n, rank)});
+  ASSERT_EQ(out[0].shape(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(out[0].item(0), full.item(2 * rank));
+  EXPECT_EQ(out[0].item(1), full.item(2 * rank + 1));
+}
+
 }  // namespace
 }  // namespace meshfuse
