@@ -23,17 +23,6 @@ Communicator& comm() { return Communicator::instance(); }
 std::vector<int64_t> world() { return teamOf(TeamKind::World); }
 Backend& worldGloo() { return comm().backend(CommunicatorBackend::Gloo, world()); }
 
-// The message of the `E` that `f` throws ("" when it throws nothing; another exception escapes).
-template <typename E, typename F>
-std::string messageOf(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // Sets an environment variable for one scope (on the ranks that make one).
 class ScopedEnv {
  public:
