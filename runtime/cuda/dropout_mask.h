@@ -4,10 +4,15 @@
 // in-kernel dropout derives its mask from Philox in a layout of its own that is not documented,
 // so it cannot be matched on the CPU; cuDNN takes this mask as an input instead. CUDA-free header.
 #pragma once
+#include <string>
+
 #include "runtime/attention_params.h"
 #include "runtime/tensor.h"
 
 namespace meshfuse::cuda {
+
+// The mask kernel's CUDA source (NVRTC; exposed for the code generation tests).
+std::string dropoutMaskSource();
 
 // A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half or BFloat16) on `device`, of 0 and 1.
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype);
