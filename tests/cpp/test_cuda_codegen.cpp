@@ -316,17 +316,13 @@ TEST(NvrtcErrors, CompileErrorsCarryTheLog) {
   }
 }
 
-}  // namespace
-}  // namespace meshfuse
-#endif  // MESHFUSE_HAVE_CUDA
-
-namespace meshfuse {
-namespace {
 // The attention dropout mask's kernel (runtime/cuda/dropout_mask.cpp) is built around the pointwise
 // generator's Philox source: it must compile with it.
 TEST(DropoutMaskCodegen, CompilesForSm90) {
   const std::string cubin = cuda::compileToCubin(cuda::dropoutMaskSource(), "dropout_mask", "sm_90");
   EXPECT_FALSE(cubin.empty());
 }
+
 }  // namespace
 }  // namespace meshfuse
+#endif  // MESHFUSE_HAVE_CUDA
