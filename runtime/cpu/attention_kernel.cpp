@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/cpu/fast_exp.h"
+#include "runtime/cpu/simd_clones.h"
 #include "runtime/philox.h"
 
 namespace meshfuse::cpu {
@@ -35,9 +36,9 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
 }
 
 template <typename T>
-T expOf(T x) {
+[[gnu::always_inline]] inline T expOf(T x) {
   if constexpr (std::is_same_v<T, float>)
-    return expNonPositive(x);
+    return expFloat(x);
   else
     return std::exp(x);
 }
@@ -65,7 +66,7 @@ void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int
 constexpr int64_t kLanes = 8;
 
 template <typename T>
-T rowMax(const T* x, int64_t n, T init) {
+[[gnu::always_inline]] inline T rowMax(const T* x, int64_t n, T init) {
   T lanes[kLanes];
   std::fill(lanes, lanes + kLanes, init);
   int64_t c = 0;
@@ -77,7 +78,7 @@ T rowMax(const T* x, int64_t n, T init) {
 
 // x[c] = e^(x[c] - shift) for c < n; returns their sum.
 template <typename T>
-T expShiftSum(T* x, int64_t n, T shift) {
+[[gnu::always_inline]] inline T expShiftSum(T* x, int64_t n, T shift) {
 #pragma omp simd
   for (int64_t c = 0; c < n; ++c) x[c] = expOf<T>(x[c] - shift);
   T lanes[kLanes] = {};
@@ -88,6 +89,65 @@ T expShiftSum(T* x, int64_t n, T shift) {
   T sum = 0;
   for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
   return sum;
+}
+
+// One step of the online softmax over a [bq, bk] score tile: per row, the running max m and
+// normalizer l take in the tile's scores, the row becomes exp(score - m) (times the dropout
+// multipliers z, after l has summed it), and acc (the rows' output so far; null when only the
+// log-sum-exp is wanted) is rescaled by e^(old m - new m).
+template <typename T>
+MESHFUSE_SIMD_CLONES void onlineSoftmaxTile(const AttentionParams& p, int64_t i0, int64_t j0, int64_t bq, int64_t bk,
+                                            int64_t dv, T* s, const T* z, T* m, T* l, T* acc) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < bq; ++r) {
+    T* row = s + r * bk;
+    const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
+    const T mx = rowMax(row, visible, m[r]);
+    if (mx == kNegInf) {  // no key seen yet by this row
+      std::fill(row, row + bk, T(0));
+      continue;
+    }
+    const T alpha = expOf<T>(m[r] - mx);  // rescales what earlier tiles summed
+    const T sum = expShiftSum(row, visible, mx);
+    std::fill(row + visible, row + bk, T(0));
+    l[r] = l[r] * alpha + sum;
+    m[r] = mx;
+    if (acc == nullptr) continue;
+    if (alpha != T(1))
+      for (int64_t c = 0; c < dv; ++c) acc[r * dv + c] *= alpha;
+    if (z != nullptr)
+      for (int64_t c = 0; c < visible; ++c) row[c] *= z[r * bk + c];
+  }
+}
+
+// The probabilities of a [bq, bk] score tile from the rows' log-sum-exp: s = exp(s - lse).
+template <typename T>
+MESHFUSE_SIMD_CLONES void probabilitiesFromLse(const AttentionParams& p, int64_t i0, int64_t j0, int64_t bq, int64_t bk,
+                                               const T* lse, T* s) {
+  for (int64_t r = 0; r < bq; ++r) {
+    T* row = s + r * bk;
+    const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
+    const T shift = lse[i0 + r];
+    for (int64_t c = 0; c < visible; ++c) row[c] = expOf<T>(row[c] - shift);
+    std::fill(row + visible, row + bk, T(0));
+  }
+}
+
+// dS = P * (dP * z - D) over a [bq, bk] tile, in place in dp (z: dropout multipliers or null).
+template <typename T>
+MESHFUSE_SIMD_CLONES void scoreGradTile(int64_t i0, int64_t bq, int64_t bk, const T* s, const T* z, const T* dsum,
+                                        T* dp) {
+  for (int64_t r = 0; r < bq; ++r) {
+    const T di = dsum[i0 + r];
+    const T* __restrict sr = s + r * bk;
+    T* __restrict dr = dp + r * bk;
+    if (z != nullptr) {
+      const T* __restrict zr = z + r * bk;
+      for (int64_t c = 0; c < bk; ++c) dr[c] = sr[c] * (dr[c] * zr[c] - di);
+    } else {
+      for (int64_t c = 0; c < bk; ++c) dr[c] = sr[c] * (dr[c] - di);
+    }
+  }
 }
 
 }  // namespace
@@ -113,25 +173,8 @@ void attentionForwardHead(const AttentionParams& p, const HeadPointers<T>& head)
       const int64_t bk = std::min(kTileK, j_end - j0);
       gemm(false, true, bq, bk, d, scale, head.q + i0 * d, d, head.k + j0 * d, d, T(0), s.data(), bk);
       if (dropout) dropoutTile(p, head.b, head.h, i0, j0, bq, bk, z.data());
-      for (int64_t r = 0; r < bq; ++r) {
-        T* row = s.data() + r * bk;
-        const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
-        const T mx = rowMax(row, visible, m[r]);
-        if (mx == kNegInf) {  // no key seen yet by this row
-          std::fill(row, row + bk, T(0));
-          continue;
-        }
-        const T alpha = expOf<T>(m[r] - mx);  // rescales what earlier tiles summed
-        const T sum = expShiftSum(row, visible, mx);
-        std::fill(row + visible, row + bk, T(0));
-        l[r] = l[r] * alpha + sum;
-        m[r] = mx;
-        if (!values) continue;
-        if (alpha != T(1))
-          for (int64_t c = 0; c < dv; ++c) acc[r * dv + c] *= alpha;
-        if (dropout)
-          for (int64_t c = 0; c < visible; ++c) row[c] *= z[r * bk + c];
-      }
+      onlineSoftmaxTile<T>(p, i0, j0, bq, bk, dv, s.data(), dropout ? z.data() : nullptr, m.data(), l.data(),
+                           values ? acc.data() : nullptr);
       // The normalizer l sums the probabilities before dropout; the values see the dropped ones.
       if (values) gemm(false, false, bq, dv, bk, T(1), s.data(), bk, head.v + j0 * dv, dv, T(1), acc.data(), dv);
     }
@@ -169,14 +212,7 @@ void attentionBackwardHead(const AttentionParams& p, const HeadPointers<T>& head
     for (int64_t i0 = p.causal ? j0 : 0; i0 < sq; i0 += kTileQ) {
       const int64_t bq = std::min(kTileQ, sq - i0);
       gemm(false, true, bq, bk, d, scale, head.q + i0 * d, d, head.k + j0 * d, d, T(0), s.data(), bk);
-      for (int64_t r = 0; r < bq; ++r) {
-        T* row = s.data() + r * bk;
-        const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
-        const T lse = head.lse[i0 + r];
-#pragma omp simd
-        for (int64_t c = 0; c < visible; ++c) row[c] = expOf<T>(row[c] - lse);
-        std::fill(row + visible, row + bk, T(0));
-      }
+      probabilitiesFromLse<T>(p, i0, j0, bq, bk, head.lse, s.data());
       const T* probs = s.data();
       if (dropout) {
         dropoutTile(p, head.b, head.h, i0, j0, bq, bk, z.data());
@@ -185,14 +221,7 @@ void attentionBackwardHead(const AttentionParams& p, const HeadPointers<T>& head
       }
       gemm(true, false, bk, dv, bq, T(1), probs, bk, g.grad_out + i0 * dv, dv, T(1), dvv, dv);
       gemm(false, true, bq, bk, dv, T(1), g.grad_out + i0 * dv, dv, head.v + j0 * dv, dv, T(0), dp.data(), bk);
-      for (int64_t r = 0; r < bq; ++r) {
-        const T di = dsum[i0 + r];
-        for (int64_t c = 0; c < bk; ++c) {
-          const int64_t e = r * bk + c;
-          const T dpe = dropout ? dp[e] * z[e] : dp[e];
-          dp[e] = s[e] * (dpe - di);  // dS
-        }
-      }
+      scoreGradTile<T>(i0, bq, bk, s.data(), dropout ? z.data() : nullptr, dsum.data(), dp.data());  // dS
       gemm(true, false, bk, d, bq, scale, dp.data(), bk, head.q + i0 * d, d, T(1), dk, d);
       gemm(false, false, bq, d, bk, scale, dp.data(), bk, head.k + j0 * d, d, T(1), g.grad_q + i0 * d, d);
     }

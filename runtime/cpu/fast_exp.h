@@ -1,30 +1,55 @@
-// e^x for the softmax of the flash-attention kernel, written so that GCC vectorizes a loop over it
-// (std::exp does not vectorize without -ffast-math). Arguments are <= 0 there (scores minus their
-// running maximum); below -87 (and -inf, masked scores) the result is exactly 0. Error: about
-// 1 ulp (Cody-Waite range reduction, degree-6 Taylor polynomial of e^r on |r| <= ln2/2).
+// Float e^x and tanh written so that GCC vectorizes loops over them (std::exp and std::tanh are
+// libm calls per element, which no loop vectorizes without -ffast-math). Used by the pointwise,
+// normalization and attention kernels.
 #pragma once
 #include <cstdint>
 #include <cstring>
 
 namespace meshfuse::cpu {
 
-inline float expNonPositive(float x) {
-  const bool underflow = !(x > -87.0f);  // also -inf and NaN-free masked entries
-  const float xc = underflow ? -87.0f : x;
-  constexpr float kShift = 0x1.8p23f;  // adding then subtracting rounds to an integer
-  const float n = (xc * 1.44269504088896341f + kShift) - kShift;
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 split hi + lo
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
+// e^x in float without a libm call, so that loops over it vectorize: e^x = 2^k * e^r with
+// k = round(x / ln 2) and |r| <= ln(2) / 2, e^r by its Taylor polynomial to degree 7 (truncation
+// below 2^-26). Within 2 ulp of std::exp; inf, -inf, NaN, overflow and gradual underflow as std::exp.
+inline float expFloat(float x) {
+  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);  // e^-104 rounds to 0, e^89 to inf
+  const float t = xc * 1.44269504088896341f;
+  const float safe_t = t == t ? t : 0.0f;  // NaN: any k (r stays NaN)
+  // Adding 1.5 * 2^23 rounds to an integer, which the low bits of the sum then hold (no float to int
+  // conversion: it would keep the loop from vectorizing under trapping math).
+  const float shifted = safe_t + 12582912.0f;
+  const float kf = shifted - 12582912.0f;
+  const float r = (xc - kf * 0.693145751953125f) - kf * 1.428606765330187045e-06f;  // ln 2 = hi + lo
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return underflow ? 0.0f : p * scale;
+  // 2^k as two powers of two, each a normal float for k in [-150, 129].
+  uint32_t shifted_bits;
+  std::memcpy(&shifted_bits, &shifted, sizeof shifted_bits);
+  const int32_t k = static_cast<int32_t>(shifted_bits - 0x4B400000u);
+  const int32_t k1 = k >> 1, k2 = k - k1;
+  float s1, s2;
+  const uint32_t b1 = static_cast<uint32_t>(k1 + 127) << 23, b2 = static_cast<uint32_t>(k2 + 127) << 23;
+  std::memcpy(&s1, &b1, sizeof s1);
+  std::memcpy(&s2, &b2, sizeof s2);
+  return p * s1 * s2;
+}
+
+// tanh for float, vectorizable (std::tanh is a libm call per element): (1 - e) / (1 + e) with
+// e = e^-2|x| from expFloat, and the odd Taylor polynomial below |x| = 1/8, where 1 - e would
+// cancel. Within about 1e-6 relative of std::tanh; NaN, +-inf and +-0 as std::tanh.
+inline float tanhFloat(float v) {
+  const float a = v < 0.0f ? -v : v;
+  const float e = expFloat(-2.0f * a);
+  const float far = (1.0f - e) / (1.0f + e);
+  const float a2 = a * a;
+  const float near = a * (1.0f + a2 * (-1.0f / 3 + a2 * (2.0f / 15 + a2 * (-17.0f / 315))));
+  const float r = a < 0.125f ? near : far;
+  return v < 0.0f ? -r : (v == v ? r : v);
 }
 
 }  // namespace meshfuse::cpu

@@ -18,6 +18,7 @@
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/element_traits.h"
 #include "runtime/cpu/pointwise_math.h"
+#include "runtime/cpu/simd_clones.h"
 #include "runtime/cpu/strided_space.h"
 #include "runtime/cpu/tile_io.h"
 #include "runtime/normalization_plan.h"
@@ -209,11 +210,58 @@ Kernel<T> buildKernel(const Segment& seg, const Plan& plan, ValueMap& values, co
   return k;
 }
 
+// Row loops, each built for AVX-512, AVX2 and the baseline (simd_clones.h).
+
+// Sum of x[0, n): 16 lanes in T (vectorizable without reassociation flags; the same association
+// at every vector width, so every clone gives the same bits), then double.
+template <typename T>
+MESHFUSE_SIMD_CLONES double sumChunk(const T* __restrict x, int64_t n) {
+  constexpr int kLanes = 16;
+  T lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += x[j + l];
+  double sum = 0;
+  for (int l = 0; l < kLanes; ++l) sum += static_cast<double>(lanes[l]);
+  for (; j < n; ++j) sum += static_cast<double>(x[j]);
+  return sum;
+}
+
+// Max of x[0, n) and m, NaN if any is NaN.
+template <typename T>
+MESHFUSE_SIMD_CLONES T maxChunk(const T* __restrict x, int64_t n, T m) {
+  constexpr int kLanes = 16;
+  T lanes[kLanes];
+  std::fill(lanes, lanes + kLanes, m);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] = (x[j + l] > lanes[l] || x[j + l] != x[j + l]) ? x[j + l] : lanes[l];
+  for (; j < n; ++j) m = (x[j] > m || x[j] != x[j]) ? x[j] : m;
+  for (int l = 0; l < kLanes; ++l) m = (lanes[l] > m || lanes[l] != lanes[l]) ? lanes[l] : m;
+  return m;
+}
+
+// Outer reductions: acc[j] (+)= x[j] over one chunk of a row.
+template <typename T>
+MESHFUSE_SIMD_CLONES void accumulateChunk(double* __restrict acc, const T* __restrict x, int64_t n, bool is_max) {
+  if (is_max) {
+    for (int64_t j = 0; j < n; ++j) {
+      const double v = static_cast<double>(x[j]);
+      acc[j] = (acc[j] != acc[j] || acc[j] > v) ? acc[j] : v;
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(x[j]);
+  }
+}
+
 // The buffers and scalars of one thread (row homes) and the shared ones.
 template <typename T>
 struct Frame {
   std::vector<std::unique_ptr<T[]>> row_buffers;
   std::vector<const T*> row_ptr;  // a row buffer, or an input's memory read in place
+  // Per row buffer: the output row it is written straight into (a contiguous output of type T),
+  // or null. Saves copying the finished row from the buffer to the output.
+  std::vector<T*> direct;
   std::vector<T> row_scalars;
   std::vector<std::vector<double>> accumulators;
 };
@@ -257,6 +305,7 @@ class Runner {
       f.row_buffers.emplace_back(new T[static_cast<size_t>(std::max<int64_t>(n_, 1))]);
     f.row_ptr.resize(k_.row_buffers);
     for (int i = 0; i < k_.row_buffers; ++i) f.row_ptr[i] = f.row_buffers[i].get();
+    f.direct.assign(k_.row_buffers, nullptr);
     f.row_scalars.assign(k_.row_scalars, T(0));
     for (size_t a = 0; a < k_.accumulator_max.size(); ++a)
       f.accumulators.emplace_back(static_cast<size_t>(n_),
@@ -289,8 +338,9 @@ class Runner {
   }
   T* writable(const Ref& r, Frame<T>& f) {
     if (r.home == Home::RowBuffer) {
-      f.row_ptr[r.index] = f.row_buffers[r.index].get();
-      return f.row_buffers[r.index].get();
+      T* dst = f.direct[r.index] != nullptr ? f.direct[r.index] : f.row_buffers[r.index].get();
+      f.row_ptr[r.index] = dst;
+      return dst;
     }
     return shared_.columns[r.index].data();
   }
@@ -335,6 +385,7 @@ class Runner {
         return;
       }
       const T* src = bufferOf(p.ref, f);
+      if (static_cast<const void*>(src) == data) return;  // computed in place (directOutputs)
       if (p.contiguous_row) {
         storeTile<S, T>(src, data, n_);
         return;
@@ -396,45 +447,11 @@ class Runner {
     if (!buffer) scalarSlot(s.out, f) = scalar_out;
   }
 
-  // Sum of x[0, n): 16 lanes in T (vectorizable without reassociation flags), then double.
-  static double sumChunk(const T* __restrict x, int64_t n) {
-    constexpr int kLanes = 16;
-    T lanes[kLanes] = {};
-    int64_t j = 0;
-    for (; j + kLanes <= n; j += kLanes)
-      for (int l = 0; l < kLanes; ++l) lanes[l] += x[j + l];
-    double sum = 0;
-    for (int l = 0; l < kLanes; ++l) sum += static_cast<double>(lanes[l]);
-    for (; j < n; ++j) sum += static_cast<double>(x[j]);
-    return sum;
-  }
-
-  // Max of x[0, n) and m, NaN if any is NaN.
-  static T maxChunk(const T* __restrict x, int64_t n, T m) {
-    constexpr int kLanes = 16;
-    T lanes[kLanes];
-    std::fill(lanes, lanes + kLanes, m);
-    int64_t j = 0;
-    for (; j + kLanes <= n; j += kLanes)
-      for (int l = 0; l < kLanes; ++l) lanes[l] = (x[j + l] > lanes[l] || x[j + l] != x[j + l]) ? x[j + l] : lanes[l];
-    for (; j < n; ++j) m = (x[j] > m || x[j] != x[j]) ? x[j] : m;
-    for (int l = 0; l < kLanes; ++l) m = (lanes[l] > m || lanes[l] != lanes[l]) ? lanes[l] : m;
-    return m;
-  }
-
   void accumulate(const Step& s, Frame<T>& f, int64_t begin, int64_t len) {
-    double* __restrict acc = f.accumulators[s.accumulator].data() + begin;
     const Ref& in = s.args[0];
     if (!isBuffer(in)) throw std::logic_error("normalization: outer reduction of a scalar");
-    const T* __restrict x = bufferOf(in, f) + begin;
-    if (s.op == OpType::ReduceMax) {
-      for (int64_t j = 0; j < len; ++j) {
-        const double v = static_cast<double>(x[j]);
-        acc[j] = (acc[j] != acc[j] || acc[j] > v) ? acc[j] : v;
-      }
-    } else {
-      for (int64_t j = 0; j < len; ++j) acc[j] += static_cast<double>(x[j]);
-    }
+    accumulateChunk<T>(f.accumulators[s.accumulator].data() + begin, bufferOf(in, f) + begin, len,
+                       s.op == OpType::ReduceMax);
   }
 
   // The PerRow steps, stage by stage, each stage's elementwise steps chunk by chunk.
@@ -455,9 +472,9 @@ class Runner {
           }
           const T* x = bufferOf(s.args[0], f) + begin;  // the stage's last step
           if (s.op == OpType::ReduceMax)
-            max = maxChunk(x, len, max);
+            max = maxChunk<T>(x, len, max);
           else
-            sum += sumChunk(x, len);
+            sum += sumChunk<T>(x, len);
         }
       }
       const Step& last = k_.steps[stage.chunk_steps.back()];
@@ -483,7 +500,19 @@ class Runner {
     }
   }
 
+  // Points the row buffers of contiguous float outputs at their rows in the output tensor.
+  void directOutputs(Frame<T>& f, int64_t row) {
+    std::fill(f.direct.begin(), f.direct.end(), nullptr);
+    for (const Port& p : k_.stores) {
+      if (p.phase != Phase::PerRow || p.ref.home != Home::RowBuffer || !p.contiguous_row) continue;
+      if (p.tensor->dtype() != (std::is_same_v<T, float> ? DataType::Float : DataType::Double)) continue;
+      T*& dst = f.direct[p.ref.index];
+      if (dst == nullptr) dst = p.tensor->template dataAs<T>() + rowOffset(p, row);  // one output per buffer
+    }
+  }
+
   void runPhase(Phase phase, Frame<T>& f, int64_t row) {
+    if (phase == Phase::PerRow) directOutputs(f, row);  // before the loads: they may write buffers
     for (const Port& p : k_.loads)
       if (p.phase == phase) load(p, f, row);
     if (phase == Phase::PerRow) {

@@ -1,6 +1,7 @@
 // The element functions of pointwise ops, applied over dense tile buffers in a compute type T
 // (float, double or int64_t). The op is resolved once per tile, outside the loops, so every loop
-// is a plain, vectorizable pass over L1-resident data.
+// is a plain, vectorizable pass over L1-resident data, built for AVX-512, AVX2 and the baseline
+// (simd_clones.h).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -10,6 +11,8 @@
 
 #include "ir/ir.h"
 #include "runtime/cpu/element_traits.h"
+#include "runtime/cpu/fast_exp.h"
+#include "runtime/cpu/simd_clones.h"
 
 namespace meshfuse::cpu {
 
@@ -20,57 +23,12 @@ struct TileOperand {
   T scalar{};
 };
 
-// e^x in float without a libm call, so that loops over it vectorize: e^x = 2^k * e^r with
-// k = round(x / ln 2) and |r| <= ln(2) / 2, e^r by its Taylor polynomial to degree 7 (truncation
-// below 2^-26). Within 2 ulp of std::exp; inf, -inf, NaN, overflow and gradual underflow as std::exp.
-inline float expFloat(float x) {
-  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);  // e^-104 rounds to 0, e^89 to inf
-  const float t = xc * 1.44269504088896341f;
-  const float safe_t = t == t ? t : 0.0f;  // NaN: any k (r stays NaN)
-  // Adding 1.5 * 2^23 rounds to an integer, which the low bits of the sum then hold (no float to int
-  // conversion: it would keep the loop from vectorizing under trapping math).
-  const float shifted = safe_t + 12582912.0f;
-  const float kf = shifted - 12582912.0f;
-  const float r = (xc - kf * 0.693145751953125f) - kf * 1.428606765330187045e-06f;  // ln 2 = hi + lo
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  // 2^k as two powers of two, each a normal float for k in [-150, 129].
-  uint32_t shifted_bits;
-  std::memcpy(&shifted_bits, &shifted, sizeof shifted_bits);
-  const int32_t k = static_cast<int32_t>(shifted_bits - 0x4B400000u);
-  const int32_t k1 = k >> 1, k2 = k - k1;
-  float s1, s2;
-  const uint32_t b1 = static_cast<uint32_t>(k1 + 127) << 23, b2 = static_cast<uint32_t>(k2 + 127) << 23;
-  std::memcpy(&s1, &b1, sizeof s1);
-  std::memcpy(&s2, &b2, sizeof s2);
-  return p * s1 * s2;
-}
-
 template <typename T>
 inline T expOf(T v) {
   if constexpr (std::is_same_v<T, float>)
     return expFloat(v);
   else
     return static_cast<T>(std::exp(v));
-}
-
-// tanh for float, vectorizable (std::tanh is a libm call per element): (1 - e) / (1 + e) with
-// e = e^-2|x| from expFloat, and the odd Taylor polynomial below |x| = 1/8, where 1 - e would
-// cancel. Within about 1e-6 relative of std::tanh; NaN, +-inf and +-0 as std::tanh.
-inline float tanhFloat(float v) {
-  const float a = v < 0.0f ? -v : v;
-  const float e = expFloat(-2.0f * a);
-  const float far = (1.0f - e) / (1.0f + e);
-  const float a2 = a * a;
-  const float near = a * (1.0f + a2 * (-1.0f / 3 + a2 * (2.0f / 15 + a2 * (-17.0f / 315))));
-  const float r = a < 0.125f ? near : far;
-  return v < 0.0f ? -r : (v == v ? r : v);
 }
 
 template <typename T>
@@ -82,13 +40,15 @@ inline T tanhOf(T v) {
 }
 
 namespace detail {
+// Always inlined, so that each SIMD clone of the apply functions below has its own wide loop
+// (an out-of-line callee would be built for the baseline only).
 template <typename T, typename F>
-void mapUnary(const T* __restrict x, T* __restrict out, int64_t n, F f) {
+[[gnu::always_inline]] inline void mapUnary(const T* __restrict x, T* __restrict out, int64_t n, F f) {
   for (int64_t i = 0; i < n; ++i) out[i] = f(x[i]);
 }
 
 template <typename T, typename F>
-void mapBinary(TileOperand<T> a, TileOperand<T> b, T* __restrict out, int64_t n, F f) {
+[[gnu::always_inline]] inline void mapBinary(TileOperand<T> a, TileOperand<T> b, T* __restrict out, int64_t n, F f) {
   const T* __restrict pa = a.ptr;
   const T* __restrict pb = b.ptr;
   if (pa && pb) {
@@ -107,7 +67,7 @@ void mapBinary(TileOperand<T> a, TileOperand<T> b, T* __restrict out, int64_t n,
 }  // namespace detail
 
 template <typename T>
-void applyUnary(OpType op, const T* x, T* out, int64_t n) {
+MESHFUSE_SIMD_CLONES void applyUnary(OpType op, const T* x, T* out, int64_t n) {
   using detail::mapUnary;
   switch (op) {
     case OpType::Neg: return mapUnary(x, out, n, [](T v) { return static_cast<T>(-v); });
@@ -136,7 +96,7 @@ void applyUnary(OpType op, const T* x, T* out, int64_t n) {
 }
 
 template <typename T>
-void applyBinary(OpType op, TileOperand<T> a, TileOperand<T> b, T* out, int64_t n) {
+MESHFUSE_SIMD_CLONES void applyBinary(OpType op, TileOperand<T> a, TileOperand<T> b, T* out, int64_t n) {
   using detail::mapBinary;
   switch (op) {
     case OpType::Add: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x + y); });
@@ -165,7 +125,8 @@ void applyBinary(OpType op, TileOperand<T> a, TileOperand<T> b, T* out, int64_t 
 
 // where(c, a, b) over tiles: c is 0/1 (a loaded Bool) in T; any operand may be a scalar.
 template <typename T>
-void applyWhere(TileOperand<T> c, TileOperand<T> a, TileOperand<T> b, T* __restrict out, int64_t n) {
+MESHFUSE_SIMD_CLONES void applyWhere(TileOperand<T> c, TileOperand<T> a, TileOperand<T> b, T* __restrict out,
+                                     int64_t n) {
   auto at = [](const TileOperand<T>& o, int64_t i) { return o.ptr ? o.ptr[i] : o.scalar; };
   if (c.ptr && a.ptr && b.ptr) {
     const T* __restrict pc = c.ptr;
@@ -180,7 +141,7 @@ void applyWhere(TileOperand<T> c, TileOperand<T> a, TileOperand<T> b, T* __restr
 // out[i] = x[i] rounded to `dtype` and read back as T (a cast inside a fused computation).
 // `out` may be `x`.
 template <typename T>
-void applyRounding(DataType dtype, const T* x, T* out, int64_t n) {
+MESHFUSE_SIMD_CLONES void applyRounding(DataType dtype, const T* x, T* out, int64_t n) {
   dispatchStorage(dtype, [&](auto tag) {
     using S = typename decltype(tag)::type;
     if constexpr (std::is_same_v<S, T>) {
