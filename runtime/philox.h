@@ -38,18 +38,17 @@ inline double unitDouble(uint32_t hi, uint32_t lo) {
   return static_cast<double>(((static_cast<uint64_t>(hi) << 32) | lo) >> 11) * 0x1p-53;
 }
 
-// uniform(lo, hi) and normal(mean, std) for element `index`. `wide`: a Double output, drawn with
-// 53-bit uniforms; otherwise 24-bit ones computed in float (what the CUDA kernels do).
-inline double uniformAt(uint64_t index, uint64_t offset, uint64_t seed, double lo, double hi, bool wide) {
-  const auto r = generate(index, offset, seed);
+// uniform(lo, hi) and normal(mean, std) from the Philox words of an element. `wide`: a Double
+// output, drawn with 53-bit uniforms; otherwise 24-bit ones computed in float (what the CUDA
+// kernels do).
+inline double uniformFrom(const std::array<uint32_t, 4>& r, double lo, double hi, bool wide) {
   if (wide) return lo + (hi - lo) * unitDouble(r[0], r[1]);
   return static_cast<double>(static_cast<float>(lo) +
                              (static_cast<float>(hi) - static_cast<float>(lo)) * unitFloat(r[0]));
 }
 
 // Box-Muller on two uniforms, the first moved to (0, 1] so that its log is finite.
-inline double normalAt(uint64_t index, uint64_t offset, uint64_t seed, double mean, double stddev, bool wide) {
-  const auto r = generate(index, offset, seed);
+inline double normalFrom(const std::array<uint32_t, 4>& r, double mean, double stddev, bool wide) {
   constexpr double kTwoPi = 6.283185307179586476925;
   if (wide) {
     const double u1 = unitDouble(r[0], r[1]) + 0x1p-53, u2 = unitDouble(r[2], r[3]);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/cpu/fast_exp.h"
+#include "runtime/cpu/philox_block.h"
 #include "runtime/cpu/simd_clones.h"
 #include "runtime/philox.h"
 
@@ -49,15 +50,19 @@ int64_t visibleKeys(const AttentionParams& p, int64_t i, int64_t j0, int64_t bk)
 }
 
 // The dropout multipliers of a [bq, bk] tile: 1/(1-p) where the element is kept, else 0. Kept
-// means the element's Philox uniform (fd.ops.uniform's, Float precision) is >= dropout_p.
+// means the element's Philox uniform (fd.ops.uniform's, Float precision) is >= dropout_p. The
+// Philox words of a row are drawn together (philox_block.h: vectorized).
 template <typename T>
 void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64_t j0, int64_t bq, int64_t bk, T* z) {
   const float threshold = static_cast<float>(p.dropout_p);
   const T keep = static_cast<T>(1.0 / (1.0 - p.dropout_p));
+  uint64_t index[kTileK];
+  uint32_t w[4][kTileK];
   for (int64_t r = 0; r < bq; ++r) {
     const uint64_t base = p.dropoutIndex(b, h, i0 + r, j0);
-    for (int64_t c = 0; c < bk; ++c)
-      z[r * bk + c] = philox::unitFloat(philox::generate(base + c, p.offset, p.seed)[0]) >= threshold ? keep : T(0);
+    for (int64_t c = 0; c < bk; ++c) index[c] = base + static_cast<uint64_t>(c);
+    philoxWords(index, bk, p.offset, p.seed, w[0], w[1], w[2], w[3]);
+    for (int64_t c = 0; c < bk; ++c) z[r * bk + c] = philox::unitFloat(w[0][c]) >= threshold ? keep : T(0);
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/element_traits.h"
+#include "runtime/cpu/philox_block.h"
 #include "runtime/cpu/pointwise_math.h"
 #include "runtime/cpu/strided_space.h"
 #include "runtime/cpu/tile_io.h"
@@ -245,10 +246,21 @@ Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs
 template <typename T>
 void fillRandom(const Step& s, int64_t start, T* out, int64_t n) {
   const RandomIndexing& r = *s.random;
+  // The counters' Philox words for the whole tile at once (vectorized), then the values.
+  uint64_t index[kTile];
+  uint32_t w[4][kTile];
+  float uniform[kTile];
+  for (int64_t i = 0; i < n; ++i) index[i] = r.globalIndex(start + i);
+  philoxWords(index, n, r.offset, r.seed, w[0], w[1], w[2], w[3]);
+  if (s.op == OpType::Uniform && !r.wide) {
+    uniformFloats(w[0], n, static_cast<float>(s.a.scalar), static_cast<float>(s.b.scalar), uniform);
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(uniform[i]);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
-    const uint64_t g = r.globalIndex(start + i);
-    const double v = s.op == OpType::Uniform ? philox::uniformAt(g, r.offset, r.seed, s.a.scalar, s.b.scalar, r.wide)
-                                             : philox::normalAt(g, r.offset, r.seed, s.a.scalar, s.b.scalar, r.wide);
+    const std::array<uint32_t, 4> words{w[0][i], w[1][i], w[2][i], w[3][i]};
+    const double v = s.op == OpType::Uniform ? philox::uniformFrom(words, s.a.scalar, s.b.scalar, r.wide)
+                                             : philox::normalFrom(words, s.a.scalar, s.b.scalar, r.wide);
     out[i] = static_cast<T>(v);
   }
 }
