@@ -11,24 +11,30 @@
 
 namespace meshfuse::philox {
 
-inline std::array<uint32_t, 4> generate(uint64_t index, uint64_t offset, uint64_t seed) {
+// One of the ten rounds on counter (c0..c3) and key (k0, k1); the key then moves on by the Weyl
+// constants. Always inlined, so that a loop of rounds over many counters vectorizes
+// (runtime/cpu/philox_block.cpp).
+[[gnu::always_inline]] inline void oneRound(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t& k0,
+                                            uint32_t& k1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  const uint64_t p0 = static_cast<uint64_t>(kMul0) * c0;
+  const uint64_t p1 = static_cast<uint64_t>(kMul1) * c2;
+  const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+  const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+  c1 = static_cast<uint32_t>(p1);
+  c3 = static_cast<uint32_t>(p0);
+  c0 = n0;
+  c2 = n2;
+  k0 += kWeyl0;
+  k1 += kWeyl1;
+}
+
+inline std::array<uint32_t, 4> generate(uint64_t index, uint64_t offset, uint64_t seed) {
   uint32_t c0 = static_cast<uint32_t>(index), c1 = static_cast<uint32_t>(index >> 32);
   uint32_t c2 = static_cast<uint32_t>(offset), c3 = static_cast<uint32_t>(offset >> 32);
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(kMul0) * c0;
-    const uint64_t p1 = static_cast<uint64_t>(kMul1) * c2;
-    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(p1);
-    c3 = static_cast<uint32_t>(p0);
-    c0 = n0;
-    c2 = n2;
-    k0 += kWeyl0;
-    k1 += kWeyl1;
-  }
+  for (int r = 0; r < 10; ++r) oneRound(c0, c1, c2, c3, k0, k1);
   return {c0, c1, c2, c3};
 }
 
