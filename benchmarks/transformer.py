@@ -73,7 +73,7 @@ def torch_attention(q, k, v, causal, dropout_p=0.0):
     if causal:
         s = scores.shape[-1]
         scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(scores, -1) @ v
+    return F.dropout(torch.softmax(scores, -1), dropout_p) @ v
 
 
 def torch_layer(x, p, cfg, tp):
@@ -86,7 +86,8 @@ def torch_layer(x, p, cfg, tp):
         ln0 = _Copy.apply(ln0)
     qkv = F.linear(ln0, p["qkv_weight"], p["qkv_bias"]).view(b, s, h, -1)
     q, k, v = (t.transpose(1, 2) for t in qkv.split(cfg.head_dim, dim=3))
-    o = torch_attention(q, k, v, cfg.causal, cfg.sdpa_dropout_p if torch.is_grad_enabled() and x.is_cuda else 0.0)
+    # Attention dropout as meshfuse's layer applies it: in every training pass, also without grad.
+    o = torch_attention(q, k, v, cfg.causal, cfg.sdpa_dropout_p)
     attn = F.linear(o.transpose(1, 2).reshape(b, s, -1), p["out_weight"])
     if tp > 1:
         attn = _AllReduce.apply(attn)
@@ -155,6 +156,8 @@ def run_cpu(args):
 
     rows.append(("forward+backward", timed(mf_step, barrier, args.warmup, args.iters),
                  timed(torch_step, barrier, args.warmup, args.iters)))
+    if d > 1:  # torch 1.13 aborts at exit when its gloo group's threads outlive the interpreter
+        torch.distributed.destroy_process_group()
     if rank == 0:
         print(f"# transformer layer, CPU, {d} rank(s) ({schedule}), b={cfg.batch} s={cfg.sequence} e={cfg.hidden} "
               f"h={cfg.heads} fp32, threads/rank={torch.get_num_threads()}")

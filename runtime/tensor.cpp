@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "runtime/cpu/strided_space.h"
 #include "runtime/element.h"
 
 namespace meshfuse {
@@ -268,6 +269,46 @@ void forEachIndex(const std::vector<int64_t>& shape, const std::vector<int64_t>&
     if (d < 0) return;
   }
 }
+// n elements of sizeof(E) bytes from s (every sstride elements) to d (every dstride elements);
+// each memcpy of a constant size compiles to one load and one store.
+template <typename E>
+void copyRun(char* d, int64_t dstride, const char* s, int64_t sstride, int64_t n) {
+  constexpr auto kSize = static_cast<int64_t>(sizeof(E));
+  for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * dstride * kSize, s + i * sstride * kSize, sizeof(E));
+}
+
+// A strided copy between tensors of one dtype: the axes are coalesced first (a permuted or sliced
+// tensor is mostly runs of contiguous rows, copied with memcpy), then copied row by row.
+void copySameType(char* d, const std::vector<int64_t>& dst_strides, const char* s,
+                  const std::vector<int64_t>& src_strides, const std::vector<int64_t>& shape, int64_t size) {
+  cpu::StridedSpace space{shape, {dst_strides, src_strides}};
+  space.coalesce();
+  if (space.rank() == 0) {
+    std::memcpy(d, s, static_cast<size_t>(size));
+    return;
+  }
+  const int64_t last = space.rank() - 1, n = space.shape[last];
+  const int64_t ds = space.strides[0][last], ss = space.strides[1][last];
+  const std::vector<int64_t> outer_shape(space.shape.begin(), space.shape.end() - 1);
+  std::vector<int64_t> dst_outer(space.strides[0].begin(), space.strides[0].end() - 1);
+  std::vector<int64_t> src_outer(space.strides[1].begin(), space.strides[1].end() - 1);
+  forEachIndex(outer_shape, dst_outer, src_outer, [&](int64_t od, int64_t os) {
+    char* dr = d + od * size;
+    const char* sr = s + os * size;
+    if (ds == 1 && ss == 1) {
+      std::memcpy(dr, sr, static_cast<size_t>(n * size));
+      return;
+    }
+    switch (size) {
+      case 1: return copyRun<uint8_t>(dr, ds, sr, ss, n);
+      case 2: return copyRun<uint16_t>(dr, ds, sr, ss, n);
+      case 4: return copyRun<uint32_t>(dr, ds, sr, ss, n);
+      case 8: return copyRun<uint64_t>(dr, ds, sr, ss, n);
+      default:
+        for (int64_t i = 0; i < n; ++i) std::memcpy(dr + i * ds * size, sr + i * ss * size, static_cast<size_t>(size));
+    }
+  });
+}
 }  // namespace
 
 void Tensor::copyFrom(const Tensor& src) {
@@ -288,8 +329,7 @@ void Tensor::copyFrom(const Tensor& src) {
   const char* s = static_cast<const char*>(src.data());
   const int64_t dsz = static_cast<int64_t>(itemsize()), ssz = static_cast<int64_t>(src.itemsize());
   if (src.dtype() == dtype_) {
-    forEachIndex(shape_, strides_, src.strides(),
-                 [&](int64_t od, int64_t os) { std::memcpy(d + od * dsz, s + os * ssz, dsz); });
+    copySameType(d, strides_, s, src.strides(), shape_, dsz);
     return;
   }
   const DataType sd = src.dtype();

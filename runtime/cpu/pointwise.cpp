@@ -23,7 +23,7 @@ namespace meshfuse::cpu {
 
 namespace {
 
-constexpr int64_t kTile = 1024;                  // elements per tile: a few KiB per buffer, L1-resident
+constexpr int64_t kTile = 1024;                  // the most elements per tile (tileLength)
 constexpr int64_t kParallelThreshold = 1 << 15;  // below this many elements threads cost more than they save
 constexpr int64_t kMaxRank = 16;                 // gatherTile's index array
 
@@ -317,19 +317,31 @@ void runStep(const Step& s, const std::vector<const T*>& ptr, T* out, int64_t st
   if (s.op == OpType::Uniform) keepBelowMax<T>(s.cast_to, s.a.scalar, s.b.scalar, out, n);
 }
 
+// Elements per tile: the buffers of all the program's values for one tile stay in L1 together
+// (32 KiB of the core's 48, leaving room for inputs read in place). A long program (a GELU
+// backward has 20 values) gets shorter tiles; with 1024-element tiles its buffers would spill to
+// L2 and every step would wait on stores.
+template <typename T>
+int64_t tileLength(int num_slots) {
+  constexpr int64_t kL1Budget = 32 * 1024;
+  const int64_t fit = kL1Budget / (std::max(num_slots, 1) * static_cast<int64_t>(sizeof(T)));
+  return std::clamp<int64_t>(fit / 64 * 64, 128, kTile);
+}
+
 template <typename T>
 void runProgram(const Program& p) {
   const int64_t numel = numelOf(p.shape);
-  const int64_t tiles = (numel + kTile - 1) / kTile;
+  const int64_t tile_len = tileLength<T>(p.num_slots);
+  const int64_t tiles = (numel + tile_len - 1) / tile_len;
 #pragma omp parallel if (numel >= kParallelThreshold)
   {
-    std::unique_ptr<T[]> scratch(new T[static_cast<size_t>(p.num_slots) * kTile]);
+    std::unique_ptr<T[]> scratch(new T[static_cast<size_t>(p.num_slots * tile_len)]);
     std::vector<const T*> ptr(p.num_slots, nullptr);
 #pragma omp for schedule(static)
     for (int64_t tile = 0; tile < tiles; ++tile) {
-      const int64_t start = tile * kTile, len = std::min(kTile, numel - start);
+      const int64_t start = tile * tile_len, len = std::min(tile_len, numel - start);
       for (const Load& l : p.loads) {
-        T* buf = scratch.get() + l.slot * kTile;
+        T* buf = scratch.get() + l.slot * tile_len;
         dispatchStorage(l.tensor->dtype(), [&](auto tag) {
           using S = typename decltype(tag)::type;
           const S* base = l.tensor->dataAs<const S>();
@@ -344,7 +356,7 @@ void runProgram(const Program& p) {
         });
       }
       for (const Step& s : p.steps) {
-        T* out = s.direct_out ? s.direct_out->dataAs<T>() + start : scratch.get() + s.out * kTile;
+        T* out = s.direct_out ? s.direct_out->dataAs<T>() + start : scratch.get() + s.out * tile_len;
         runStep<T>(s, ptr, out, start, len);
         ptr[s.out] = out;
       }
