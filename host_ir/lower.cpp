@@ -280,11 +280,34 @@ void HostIrLower::lowerCompute(const Expr* e) {
   seg.exprs.push_back(e);
   hic_->segments.push_back(std::move(seg));
   int index = static_cast<int>(hic_->segments.size()) - 1;
-  open_pointwise_ = kind == Segment::Kind::Pointwise ? index : -1;
   Instruction ins;
   ins.kind = Instruction::Kind::LaunchSegment;
   ins.index = index;
+  if (viewsAheadOfOpenPointwise(e)) {
+    // Launched before the open pointwise segment, which stays open: a broadcast of a LayerNorm
+    // statistic between two pointwise ops no longer splits them into two kernels.
+    hic_->program.insert(hic_->program.end() - 1, ins);
+    return;
+  }
+  open_pointwise_ = kind == Segment::Kind::Pointwise ? index : -1;
   hic_->program.push_back(ins);
+}
+
+// A view that never copies (broadcast_in_dim, permute, slice) of values the open pointwise segment
+// does not compute can run before that segment, so the segment stays open for the pointwise ops
+// after the view.
+bool HostIrLower::viewsAheadOfOpenPointwise(const Expr* e) const {
+  const OpType op = e->op();
+  if (op != OpType::BroadcastInDim && op != OpType::Permute && op != OpType::Slice) return false;
+  if (open_pointwise_ < 0 || hic_->program.empty()) return false;
+  const Instruction& last = hic_->program.back();
+  if (last.kind != Instruction::Kind::LaunchSegment || last.index != open_pointwise_) return false;
+  const std::vector<const Expr*>& open = hic_->segments[open_pointwise_].exprs;
+  for (const Val* in : e->inputs())
+    for (const Expr* producer : open)
+      if (std::find(producer->outputs().begin(), producer->outputs().end(), in) != producer->outputs().end())
+        return false;
+  return true;
 }
 
 void HostIrLower::lowerResharding(const Expr* e) {

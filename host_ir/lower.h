@@ -26,6 +26,7 @@ class HostIrLower {
   void recordRandomBlocks(const GlobalShapes& shapes);
   void lowerStreamLoop(const Expr* matmul, const Expr* set, StreamLoop::Kind kind);
   void lowerCompute(const Expr* e);
+  bool viewsAheadOfOpenPointwise(const Expr* e) const;
   void lowerResharding(const Expr* e);
   void finishSegments(const Fusion& fusion);
   void placeWaits();

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import DATA_TYPE, random_array, run_fusion, tolerance
 
-from meshfuse import DataType
+from meshfuse import DataType, FusionDefinition
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
@@ -258,3 +258,42 @@ def test_fused_chain_with_two_outputs(rng):
     y = x.astype(np.float64) @ w.T
     np.testing.assert_allclose(outs[0], np.maximum(y, 0), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outs[1], np.exp(y).sum(axis=1), rtol=1e-5)
+
+
+def _launches(fd):
+    """The kinds of the segments a host program launches, in order."""
+    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if "LaunchSegment" in line]
+
+
+def test_broadcasts_between_pointwise_ops_stay_one_pointwise_segment(rng):
+    """(x - mean) * rstd * w + b with the row statistics and weights broadcast between the pointwise
+    ops (a LayerNorm's recomputation in a backward): the broadcasts are launched first and the four
+    pointwise ops are one segment."""
+    x = random_array(rng, (6, 40), np.float32)
+    mean, rstd = random_array(rng, (6,), np.float32), random_array(rng, (6,), np.float32)
+    w, b = random_array(rng, (40,), np.float32), random_array(rng, (40,), np.float32)
+    with FusionDefinition() as fd:
+        tx, tm, tr, tw, tb = (fd.define_tensor(list(a.shape), DataType.Float) for a in (x, mean, rstd, w, b))
+        y = fd.ops.sub(tx, fd.ops.broadcast_in_dim(tm, [6, 40], [0]))
+        y = fd.ops.mul(y, fd.ops.broadcast_in_dim(tr, [6, 40], [0]))
+        y = fd.ops.mul(y, fd.ops.broadcast_in_dim(tw, [6, 40], [1]))
+        fd.add_output(fd.ops.add(y, fd.ops.broadcast_in_dim(tb, [6, 40], [1])))
+    (out,) = fd.execute([x, mean, rstd, w, b])
+    x64 = x.astype(np.float64)
+    expected = (x64 - mean[:, None]) * rstd[:, None] * w + b
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    assert _launches(fd) == ["view"] * 4 + ["pointwise"], fd.host_ir()
+
+
+def test_broadcast_of_a_value_the_open_segment_computes_is_not_launched_ahead(rng):
+    """A broadcast of the pointwise segment's own result needs that result: it runs after the
+    segment, and the result is right."""
+    x = random_array(rng, (5,), np.float32)
+    y = random_array(rng, (4, 5), np.float32)
+    with FusionDefinition() as fd:
+        tx, ty = fd.define_tensor([5], DataType.Float), fd.define_tensor([4, 5], DataType.Float)
+        e = fd.ops.exp(fd.ops.neg(tx))
+        fd.add_output(fd.ops.mul(ty, fd.ops.broadcast_in_dim(e, [4, 5], [1])))
+    (out,) = fd.execute([x, y])
+    np.testing.assert_allclose(out, y.astype(np.float64) * np.exp(-x.astype(np.float64)), rtol=1e-5)
+    assert _launches(fd) == ["pointwise", "view", "pointwise"], fd.host_ir()
