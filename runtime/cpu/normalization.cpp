@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -227,18 +228,43 @@ MESHFUSE_SIMD_CLONES double sumChunk(const T* __restrict x, int64_t n) {
   return sum;
 }
 
-// Max of x[0, n) and m, NaN if any is NaN.
+// 64 bytes of T as one GCC vector: each SIMD clone lowers its operations to its own registers.
+template <typename T>
+struct Vector64;
+template <>
+struct Vector64<float> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct Vector64<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+
+// Max of x[0, n) and m, NaN if any is NaN. Written with vector types: GCC does not vectorize a
+// select-based max (with its NaN check) from a scalar loop, even over independent lanes.
 template <typename T>
 MESHFUSE_SIMD_CLONES T maxChunk(const T* __restrict x, int64_t n, T m) {
-  constexpr int kLanes = 16;
-  T lanes[kLanes];
-  std::fill(lanes, lanes + kLanes, m);
+  using V = typename Vector64<T>::type;
+  constexpr int64_t kLanes = sizeof(V) / sizeof(T);
+  V lanes = V{} + m;
+  auto nan = lanes != lanes;  // all false (m's NaN is checked below)
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] = (x[j + l] > lanes[l] || x[j + l] != x[j + l]) ? x[j + l] : lanes[l];
-  for (; j < n; ++j) m = (x[j] > m || x[j] != x[j]) ? x[j] : m;
-  for (int l = 0; l < kLanes; ++l) m = (lanes[l] > m || lanes[l] != lanes[l]) ? lanes[l] : m;
-  return m;
+  for (; j + kLanes <= n; j += kLanes) {
+    V v;
+    std::memcpy(&v, x + j, sizeof v);
+    lanes = v > lanes ? v : lanes;
+    nan |= v != v;
+  }
+  bool any_nan = m != m;
+  for (int64_t l = 0; l < kLanes; ++l) {
+    any_nan = any_nan || nan[l] != 0;
+    m = lanes[l] > m ? lanes[l] : m;
+  }
+  for (; j < n; ++j) {
+    any_nan = any_nan || x[j] != x[j];
+    m = x[j] > m ? x[j] : m;
+  }
+  return any_nan ? std::numeric_limits<T>::quiet_NaN() : m;
 }
 
 // Outer reductions: acc[j] (+)= x[j] over one chunk of a row.
