@@ -5,7 +5,7 @@ device's usual peers and a plain copy of the array (the memory limit), in one ta
 CPU (the default), one thread, [4096, 4096] fp32, against numpy (the usual multi-pass formulas)
 and JAX jit (PyPI `jax`, CPU; optional: its rows are left out when it is not installed):
 
-    .venv/bin/python -m pip install jax        # once (about 30 s)
+    scripts/setup --bench                      # once: JAX from PyPI into .venv (about 30 s)
     OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/norms.py --device cpu
 
 The script sets XLA_FLAGS for one XLA thread unless XLA_FLAGS is already set.
@@ -142,7 +142,7 @@ def bench_cpu(args):
         jax.config.update("jax_platform_name", "cpu")
     except ImportError:
         jax = None
-        print("jax is not installed: its rows are left out (pip install jax)", file=sys.stderr)
+        print("jax is not installed: its rows are left out (scripts/setup --bench installs it)", file=sys.stderr)
     rng = np.random.default_rng(0)
     rows, cols = args.rows, args.cols
     results = []
