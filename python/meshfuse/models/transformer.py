@@ -217,19 +217,22 @@ def define_backward(fd, cfg):
     x32 = _to_float(fd, tv["x"])
     # MLP block: out = h1 + dropout(fc2(gelu(fc1(ln1(h1))))).
     h1 = fd.ops.add(x32, _apply_dropout(fd, _to_float(fd, tv["attn_out"]), tv["attn_dropout_mask"], cfg))
-    dfc2 = _to_dtype(fd, _apply_dropout(fd, dout, tv["mlp_dropout_mask"], cfg), dt)
+    # The intermediates named in tv (dfc2, ln1_out, dln1 and their attention-block twins) are where
+    # the SP schedule places its gathers and reduce-scatters (apply_schedule).
+    dfc2 = tv["dfc2"] = fd.ops.set(_to_dtype(fd, _apply_dropout(fd, dout, tv["mlp_dropout_mask"], cfg), dt))
     fc1_32 = _to_float(fd, tv["fc1_out"])
     gelu = _to_dtype(fd, _gelu_tanh(fd, fc1_32), dt)
     dgelu, grad["grad_fc2_weight"], grad["grad_fc2_bias"] = _linear_backward(fd, dfc2, gelu, tv["fc2_weight"], cfg)
     dfc1 = _to_dtype(fd, fd.ops.mul(_to_float(fd, dgelu), _gelu_tanh_grad(fd, fc1_32)), dt)
-    ln1_out = _to_dtype(fd, _normalized(fd, h1, tv["ln1_mean"], tv["ln1_rstd"], tv["ln1_weight"],
-                                         tv["ln1_bias"], cfg), dt)
+    ln1_out = tv["ln1_out"] = fd.ops.set(_to_dtype(fd, _normalized(fd, h1, tv["ln1_mean"], tv["ln1_rstd"],
+                                                                  tv["ln1_weight"], tv["ln1_bias"], cfg), dt))
     dln1, grad["grad_fc1_weight"], grad["grad_fc1_bias"] = _linear_backward(fd, dfc1, ln1_out, tv["fc1_weight"], cfg)
+    dln1 = tv["dln1"] = fd.ops.set(dln1)
     dh1_ln, grad["grad_ln1_weight"], grad["grad_ln1_bias"] = _layer_norm_backward(
         fd, _to_float(fd, dln1), h1, tv["ln1_mean"], tv["ln1_rstd"], tv["ln1_weight"], cfg)
     dh1 = fd.ops.add(dout, dh1_ln)
     # Attention block: h1 = x + dropout(out_proj(attention(qkv(ln0(x))))).
-    dattn = _to_dtype(fd, _apply_dropout(fd, dh1, tv["attn_dropout_mask"], cfg), dt)
+    dattn = tv["dattn"] = fd.ops.set(_to_dtype(fd, _apply_dropout(fd, dh1, tv["attn_dropout_mask"], cfg), dt))
     merged = _merge_heads(fd, tv["sdpa_out"], cfg)
     dmerged, grad["grad_out_weight"], grad["grad_out_bias"] = _linear_backward(fd, dattn, merged, tv["out_weight"],
                                                                                 cfg)
@@ -239,9 +242,10 @@ def define_backward(fd, cfg):
                                   tv["sdpa_seed"], tv["sdpa_offset"])
     # Concatenate per head before merging heads, so that the cat cuts no sharded axis.
     dqkv = fd.ops.reshape(fd.ops.cat([fd.ops.permute(t, [0, 2, 1, 3]) for t in (dq, dk, dv)], 3), [b, s, 3 * e])
-    ln0_out = _to_dtype(fd, _normalized(fd, x32, tv["ln0_mean"], tv["ln0_rstd"], tv["ln0_weight"], tv["ln0_bias"],
-                                        cfg), dt)
+    ln0_out = tv["ln0_out"] = fd.ops.set(_to_dtype(fd, _normalized(fd, x32, tv["ln0_mean"], tv["ln0_rstd"],
+                                                                  tv["ln0_weight"], tv["ln0_bias"], cfg), dt))
     dln0, grad["grad_qkv_weight"], grad["grad_qkv_bias"] = _linear_backward(fd, dqkv, ln0_out, tv["qkv_weight"], cfg)
+    dln0 = tv["dln0"] = fd.ops.set(dln0)
     dx_ln, grad["grad_ln0_weight"], grad["grad_ln0_bias"] = _layer_norm_backward(
         fd, _to_float(fd, dln0), x32, tv["ln0_mean"], tv["ln0_rstd"], tv["ln0_weight"], cfg)
     grad["grad_x"] = _to_dtype(fd, fd.ops.add(dh1, dx_ln), dt)
@@ -308,6 +312,12 @@ def apply_schedule(tv, cfg, mesh, schedule, backward=False):
         if backward:
             seq += ["ln0_mean", "ln0_rstd", "ln1_mean", "ln1_rstd", "attn_out", "attn_dropout_mask",
                     "mlp_dropout_mask"]
+            # Megatron's backward: the gradients entering the row-parallel linears and the LayerNorm
+            # outputs the column-parallel weight gradients need are gathered over the sequence once
+            # (replicated); the column-parallel input gradients are reduce-scattered onto it.
+            for name in ("dfc2", "ln1_out", "dattn", "ln0_out", "dln1", "dln0"):
+                tv[name].set_device_mesh(mesh)
+            seq += ["dln1", "dln0"]
         else:  # intermediates that fix where the sequence shards live (reduce-scatter targets)
             seq += ["attn_out", "fc2_out", "attn_dropout_mask", "mlp_dropout_mask"]
             for name in ("attn_out", "fc2_out", "attn_dropout_mask", "mlp_dropout_mask"):

@@ -26,9 +26,9 @@ BACKENDS = [b for b in (CommunicatorBackend.mpi, CommunicatorBackend.gloo, Commu
 SCHEDULES = ["tp", "sp"] + (["dp_tp"] if WORLD % 2 == 0 else [])
 
 
-def config(schedule):
+def config(schedule, batch=2):
     tp = WORLD // 2 if schedule == "dp_tp" else WORLD
-    return TransformerConfig(batch=2, sequence=4 * WORLD, heads=2 * tp, hidden=8 * tp, dtype=DataType.Float,
+    return TransformerConfig(batch=batch, sequence=4 * WORLD, heads=2 * tp, hidden=8 * tp, dtype=DataType.Float,
                              dropout_p=0.2, attention_dropout_p=0.0)
 
 
@@ -68,10 +68,12 @@ def communications(fd):
     return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if "Post" in line.split()[0]]
 
 
+# Batch 1 as well for SP: then a [b, s, e] -> [b*s, e] reshape keeps the sequence sharding, and
+# propagation once chose an all-to-all and a weight-sized allreduce for a weight gradient there.
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_layer_matches_reference_on_every_rank(schedule, backend):
-    cfg = config(schedule)
+@pytest.mark.parametrize("schedule,batch", [(s, 2) for s in SCHEDULES] + [("sp", 1)])
+def test_layer_matches_reference_on_every_rank(schedule, batch, backend):
+    cfg = config(schedule, batch)
     mesh = mesh_for(schedule, WORLD)
     fwd = TransformerForward(cfg, mesh, schedule, backend_type=backend)
     bwd = TransformerBackward(cfg, mesh, schedule, backend_type=backend)
@@ -102,8 +104,10 @@ def test_layer_matches_reference_on_every_rank(schedule, backend):
         assert bwd_comms == ["Allreduce"] * 2, bwd.host_ir()
     elif schedule == "sp":
         assert fwd_comms == ["Allgather", "ReduceScatter"] * 2, fwd.host_ir()
-        # Gathers of the activations the weight gradients need, the two input gradients that
-        # contract the sharded features, and the sequence-sharded LayerNorm and bias gradients.
+        # Megatron's: one gather each of the gradients entering the row-parallel linears and of
+        # the LayerNorm outputs the column-parallel weight gradients need; the two input gradients
+        # that contract the sharded features, and the LayerNorm weight and bias gradients summed
+        # over the sequence shards.
         assert sorted(bwd_comms) == ["Allgather"] * 4 + ["Allreduce"] * 6, bwd.host_ir()
     else:  # dp_tp: TP's allreduces over the tp teams; the backward adds one per parameter over dp
         tp_team, dp_team = mesh.team(RANK, ParallelType.mesh_x), mesh.team(RANK, ParallelType.mesh_y)
