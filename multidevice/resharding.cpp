@@ -100,6 +100,10 @@ class ReshardingPass {
         if (!inputs[i]->isTensor()) continue;
         auto* tv = static_cast<TensorView*>(inputs[i]);
         if (tv->deviceMesh() != mesh) continue;
+        if (passesPartial(e->op()) && shardingOf(tv).partial[d]) {
+          s.partial[d] = true;  // reduced after the view, where its result's sharding is known
+          break;
+        }
         int a = shardingOf(tv).axis[d];
         if (a < 0) continue;
         int b = inputToOutputAxes(e, i)[a];
@@ -210,12 +214,35 @@ class ReshardingPass {
     return static_cast<const TensorView*>(v)->shape()[static_cast<size_t>(a)];
   }
 
+  static bool isPartial(const Sharding& s) { return s.partial[0] || s.partial[1] || s.partial[2]; }
+
+  // A Partial result may stay unreduced when every use is a view that passes Partial on (and whose
+  // result may wait too) or a user's set, whose resharding then does the reduction: the set's
+  // sharding decides between an allreduce and a reduce-scatter. Not for fusion outputs.
+  bool partialCanWait(const TensorView* tv) const {
+    if (original_.isOutput(tv) || tv->uses().empty()) return false;
+    for (const Expr* use : tv->uses()) {
+      if (use->op() == OpType::Set && use->out()->hasDeviceMesh()) continue;
+      if (!passesPartial(use->op()) || !partialCanWait(use->out())) return false;
+    }
+    return true;
+  }
+
+  // Views whose Partial input gives a Partial result (the sum of the views is the view of the sum):
+  // the reduction then happens after the view, where a sharded result makes it a reduce-scatter
+  // (a GEMM's Partial [b*s, e] reshaped to [b, s, e] and wanted sharded on s).
+  static bool passesPartial(OpType op) { return op == OpType::Reshape || op == OpType::Permute; }
+
   // The sharding input i must have for `e` to compute locally with output sharding `out`.
   Sharding requiredInput(const Expr* e, size_t i, const TensorView* in, const Sharding& out,
                          const Sharding& partial_src, const DeviceMesh& mesh) {
     Sharding r;
     std::vector<int> m = inputToOutputAxes(e, i);
     for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
+      if (out.partial[d] && passesPartial(e->op()) && partial_src.partial[d]) {
+        r.partial[d] = true;
+        continue;
+      }
       if (out.partial[d]) {
         // Keep the input's sharding on a reduced axis if it has one; else slice it there.
         int a = partial_src.axis[d];
@@ -343,6 +370,9 @@ class ReshardingPass {
     if (!target) {
       for (int d = 0; d < kMeshDims; ++d) final_target.axis[d] = compute.partial[d] ? -1 : compute.axis[d];
     }
+    if (result->deviceMesh() == mesh && isPartial(shardingOf(result)) && partialCanWait(e->out()) &&
+        e->op() != OpType::Mean)
+      return result;  // reduced by the view or set that consumes it (a reduce-scatter where that is sharded)
     if (result->deviceMesh() != mesh || !(shardingOf(result) == final_target))
       result = reshard(result, mesh, final_target);
     if (e->op() == OpType::Mean) {

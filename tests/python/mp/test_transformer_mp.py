@@ -105,10 +105,10 @@ def test_layer_matches_reference_on_every_rank(schedule, batch, backend):
     elif schedule == "sp":
         assert fwd_comms == ["Allgather", "ReduceScatter"] * 2, fwd.host_ir()
         # Megatron's: one gather each of the gradients entering the row-parallel linears and of
-        # the LayerNorm outputs the column-parallel weight gradients need; the two input gradients
-        # that contract the sharded features, and the LayerNorm weight and bias gradients summed
-        # over the sequence shards.
-        assert sorted(bwd_comms) == ["Allgather"] * 4 + ["Allreduce"] * 6, bwd.host_ir()
+        # the LayerNorm outputs the column-parallel weight gradients need, a reduce-scatter of each
+        # input gradient that contracts the sharded features, and the LayerNorm weight and bias
+        # gradients summed over the sequence shards.
+        assert sorted(bwd_comms) == ["Allgather"] * 4 + ["Allreduce"] * 4 + ["ReduceScatter"] * 2, bwd.host_ir()
     else:  # dp_tp: TP's allreduces over the tp teams; the backward adds one per parameter over dp
         tp_team, dp_team = mesh.team(RANK, ParallelType.mesh_x), mesh.team(RANK, ParallelType.mesh_y)
         assert teams(fwd) == [tp_team] * 2, fwd.host_ir()

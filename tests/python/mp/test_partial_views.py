@@ -1,0 +1,67 @@
+"""A matmul's Partial result (its contraction axis sharded) waits through views for the set that
+reshards it (run under mpirun -np 2 / 4): reshaped and wanted sharded, it is reduce-scattered, not
+allreduced and sliced; consumed by a pointwise op, or returned, it is allreduced first. Every case
+checks the numbers against numpy on every rank."""
+import numpy as np
+
+from meshfuse import DataType, FusionDefinition, ParallelType
+from meshfuse.multidevice import Communicator, DeviceMesh
+
+COMM = Communicator.instance()
+RANK, WORLD = COMM.rank, COMM.size
+MESH = DeviceMesh(range(WORLD))
+M, K, N = 4 * WORLD, 3 * WORLD, 5
+
+RNG = np.random.default_rng(21)
+A = RNG.standard_normal((M, K)).astype(np.float32)
+B = RNG.standard_normal((K, N)).astype(np.float32)
+PRODUCT = A.astype(np.float64) @ B.astype(np.float64)
+
+
+def shard(tv, axis):
+    tv.set_device_mesh(MESH)
+    tv.outer_split(axis, WORLD)
+    tv.axis(axis).parallelize(ParallelType.mesh_x)
+
+
+def communications(fd):
+    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if line.strip().startswith("PostOnStream")]
+
+
+def run(consumer):
+    """A [M, K] @ [K, N] with K sharded, reshaped to [2, M/2, N], then `consumer(fd, y)`."""
+    with FusionDefinition() as fd:
+        a, b = fd.define_tensor([M, K], DataType.Float), fd.define_tensor([K, N], DataType.Float)
+        y = fd.ops.reshape(fd.ops.matmul(a, b), [2, M // 2, N])
+        out = consumer(fd, y)
+        fd.add_output(out)
+        shard(a, 1)
+        shard(b, 0)
+    k = K // WORLD
+    (result,) = fd.execute([A[:, RANK * k:(RANK + 1) * k], B[RANK * k:(RANK + 1) * k]])
+    return fd, result, out
+
+
+def test_partial_reshaped_then_sharded_is_reduce_scattered():
+    def sharded_copy(fd, y):
+        z = fd.ops.set(y)
+        shard(z, 1)
+        return z
+
+    fd, result, _ = run(sharded_copy)
+    assert communications(fd) == ["ReduceScatter"], fd.host_ir()
+    rows = M // 2 // WORLD
+    expected = PRODUCT.reshape(2, M // 2, N)[:, RANK * rows:(RANK + 1) * rows]
+    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_partial_consumed_by_pointwise_is_allreduced_first():
+    fd, result, _ = run(lambda fd, y: fd.ops.mul(y, 2.0))
+    assert communications(fd) == ["Allreduce"], fd.host_ir()
+    np.testing.assert_allclose(result, 2 * PRODUCT.reshape(2, M // 2, N), rtol=1e-5, atol=1e-5)
+
+
+def test_partial_view_returned_is_allreduced():
+    fd, result, _ = run(lambda fd, y: fd.ops.permute(y, [0, 2, 1]))
+    assert communications(fd) == ["Allreduce"], fd.host_ir()
+    np.testing.assert_allclose(result, PRODUCT.reshape(2, M // 2, N).transpose(0, 2, 1), rtol=1e-5, atol=1e-5)
