@@ -162,7 +162,9 @@ void HostIrLower::findStreamLoops(const Fusion& fusion, const GlobalShapes& shap
 void HostIrLower::lowerStreamLoop(const Expr* matmul, const Expr* set, StreamLoop::Kind kind) {
   size_t before = hic_->communications.size();
   size_t program_size = hic_->program.size();
+  lowering_stream_loop_ = true;
   lowerResharding(set);  // builds the Communication template (and posts it: undone below)
+  lowering_stream_loop_ = false;
   if (hic_->communications.size() != before + 1) throw std::logic_error("stream loop: expected one communication");
   hic_->program.resize(program_size);
   Segment seg;
@@ -340,6 +342,13 @@ void HostIrLower::lowerResharding(const Expr* e) {
     int d = differingDim(ps, cs);
     ParallelType p = meshParallelType(d);
     c.team = pm.team(rank, p);
+    // Along a mesh dimension of size 1 every collective is the identity (one block, one summand):
+    // the result is the input, with no communication posted. (A stream loop keeps its
+    // communication: the loop is built around it.)
+    if (c.team.size() == 1 && !lowering_stream_loop_ && (ps.partial[d] || ps.axis[d] >= 0)) {
+      local(Instruction::Kind::LocalCopy, -1, 1, 0);
+      return;
+    }
     if (ps.partial[d]) {
       c.op = partialOp(in);
       if (cs.axis[d] < 0) {

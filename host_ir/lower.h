@@ -33,7 +33,8 @@ class HostIrLower {
   HostIrLowerParams params_;
   CommunicatorBackend backend_ = CommunicatorBackend::Mpi;
   std::unique_ptr<HostIrContainer> hic_;
-  int open_pointwise_ = -1;  // the pointwise segment the next pointwise expr may join
+  bool lowering_stream_loop_ = false;  // lowerResharding called for a stream loop's communication
+  int open_pointwise_ = -1;            // the pointwise segment the next pointwise expr may join
   // Stream-parallel pairs found by findStreamLoops: the expr at which the loop is emitted, the
   // matmul and the resharding set it absorbs.
   struct LoopPlan {
