@@ -15,6 +15,7 @@
 #include "runtime/cpu/element_traits.h"
 #include "runtime/cpu/philox_block.h"
 #include "runtime/cpu/pointwise_math.h"
+#include "runtime/cpu/simd_clones.h"
 #include "runtime/cpu/strided_space.h"
 #include "runtime/cpu/tile_io.h"
 #include "runtime/philox.h"
@@ -126,12 +127,18 @@ ComputeType chooseComputeType(const std::vector<const Expr*>& exprs) {
     if (isFloatingPoint(d)) all_integer = false;
   };
   for (const Expr* e : exprs) {
+    // A comparison of integers with a floating-point number compares the values (x < 0.5 holds
+    // for x = 0, as in torch and numpy), not the number truncated to an integer. A float tensor
+    // compares in float with the number rounded to float, as torch does (a dropout mask's
+    // uniform >= p stays a float program).
+    bool integer_tensor = false, float_scalar = false;
     for (const Val* v : e->inputs()) {
       visit(v);
-      // A comparison of integers with a floating-point number compares the values (x < 0.5 holds
-      // for x = 0, as in torch and numpy), not the number truncated to an integer.
-      if (!v->isTensor() && isComparison(e->op()) && isFloatingPoint(v->dtype())) wide = true, all_integer = false;
+      if (v->isTensor() && isIntegral(v->dtype()) && v->dtype() != DataType::Bool) integer_tensor = true;
+      if (!v->isTensor() && isFloatingPoint(v->dtype())) float_scalar = true;
     }
+    if (isComparison(e->op()) && float_scalar && integer_tensor) wide = true, all_integer = false;
+    if (isComparison(e->op()) && float_scalar) all_integer = false;
     visit(e->out());
     if (!isIntegerExact(e->op())) all_integer = false;
   }
@@ -273,9 +280,18 @@ inline uint16_t nextDown16(uint16_t bits) {  // Half and BFloat16 are sign-magni
   return bits == 0 ? uint16_t{0x8001} : static_cast<uint16_t>(bits - 1);
 }
 
+// Whether any x[i] >= bound: one vectorized pass, so that the fix-up below (element by element)
+// runs only on the rare tile that needs it.
+template <typename T>
+MESHFUSE_SIMD_CLONES bool anyAtLeast(const T* __restrict x, int64_t n, double bound) {
+  int found = 0;
+  for (int64_t i = 0; i < n; ++i) found |= static_cast<int>(static_cast<double>(x[i]) >= bound);
+  return found != 0;
+}
+
 template <typename T>
 void keepBelowMax(DataType dtype, double lo, double hi, T* out, int64_t n) {
-  if (!(hi > lo)) return;
+  if (!(hi > lo) || !anyAtLeast<T>(out, n, hi)) return;
   for (int64_t i = 0; i < n; ++i) {
     if (!(static_cast<double>(out[i]) >= hi)) continue;
     dispatchStorage(dtype, [&](auto tag) {
