@@ -526,12 +526,14 @@ class Runner {
     }
   }
 
+  static constexpr DataType kComputeDtype = std::is_same_v<T, float> ? DataType::Float : DataType::Double;
+
   // Points the row buffers of contiguous float outputs at their rows in the output tensor.
   void directOutputs(Frame<T>& f, int64_t row) {
     std::fill(f.direct.begin(), f.direct.end(), nullptr);
     for (const Port& p : k_.stores) {
       if (p.phase != Phase::PerRow || p.ref.home != Home::RowBuffer || !p.contiguous_row) continue;
-      if (p.tensor->dtype() != (std::is_same_v<T, float> ? DataType::Float : DataType::Double)) continue;
+      if (p.tensor->dtype() != kComputeDtype) continue;
       T*& dst = f.direct[p.ref.index];
       if (dst == nullptr) dst = p.tensor->template dataAs<T>() + rowOffset(p, row);  // one output per buffer
     }
