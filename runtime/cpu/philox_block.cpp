@@ -31,6 +31,10 @@ void philoxWordsPortable(const uint64_t* index, int64_t begin, int64_t n, uint64
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MESHFUSE_NO_SIMD_CLONES)
 #define MESHFUSE_PHILOX_X86 1
+// GCC 12's shift and multiply intrinsics pass _mm512_undefined_epi32() (a self-initialized
+// variable) as their unused merge operand, which -Wmaybe-uninitialized reports at every use.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 // The high and low 32 bits of a * b for each 32-bit lane of `a` (b: the constant in every lane).
 // vpmuludq multiplies the even lanes; the odd lanes are shifted down and multiplied the same way.
@@ -77,6 +81,7 @@ __attribute__((target("avx512f"))) void philoxWordsAvx512(const uint64_t* index,
   }
   philoxWordsPortable(index, i, n, offset, seed, w0, w1, w2, w3);
 }
+#pragma GCC diagnostic pop
 #endif
 
 }  // namespace

@@ -253,10 +253,17 @@ Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs
 template <typename T>
 void fillRandom(const Step& s, int64_t start, T* out, int64_t n) {
   const RandomIndexing& r = *s.random;
-  // The counters' Philox words for the whole tile at once (vectorized), then the values.
-  uint64_t index[kTile];
-  uint32_t w[4][kTile];
-  float uniform[kTile];
+  // The counters' Philox words for the whole tile at once (vectorized), then the values. The
+  // buffers are per thread (28 KiB: not for the stack of every call).
+  struct Scratch {
+    uint64_t index[kTile];
+    uint32_t w[4][kTile];
+    float uniform[kTile];
+  };
+  thread_local Scratch scratch;
+  uint64_t* index = scratch.index;
+  auto& w = scratch.w;
+  float* uniform = scratch.uniform;
   for (int64_t i = 0; i < n; ++i) index[i] = r.globalIndex(start + i);
   philoxWords(index, n, r.offset, r.seed, w[0], w[1], w[2], w[3]);
   if (s.op == OpType::Uniform && !r.wide) {
