@@ -216,14 +216,15 @@ class ReshardingPass {
 
   static bool isPartial(const Sharding& s) { return s.partial[0] || s.partial[1] || s.partial[2]; }
 
-  // A Partial result may stay unreduced when every use is a view that passes Partial on (and whose
-  // result may wait too) or a user's set, whose resharding then does the reduction: the set's
+  // A Partial result may stay unreduced when every use is a view that passes Partial on, or a
+  // user's set, up to a tensor the user annotated: its resharding then does the reduction, and its
   // sharding decides between an allreduce and a reduce-scatter. Not for fusion outputs.
   bool partialCanWait(const TensorView* tv) const {
     if (original_.isOutput(tv) || tv->uses().empty()) return false;
     for (const Expr* use : tv->uses()) {
-      if (use->op() == OpType::Set && use->out()->hasDeviceMesh()) continue;
-      if (!passesPartial(use->op()) || !partialCanWait(use->out())) return false;
+      const bool annotated = use->out()->hasDeviceMesh();
+      if (!passesPartial(use->op()) && !(use->op() == OpType::Set && annotated)) return false;
+      if (!annotated && !partialCanWait(use->out())) return false;
     }
     return true;
   }

@@ -218,7 +218,9 @@ def define_backward(fd, cfg):
     # MLP block: out = h1 + dropout(fc2(gelu(fc1(ln1(h1))))).
     h1 = fd.ops.add(x32, _apply_dropout(fd, _to_float(fd, tv["attn_out"]), tv["attn_dropout_mask"], cfg))
     # The intermediates named in tv (dfc2, ln1_out, dln1 and their attention-block twins) are where
-    # the SP schedule places its gathers and reduce-scatters (apply_schedule).
+    # the SP schedule places its gathers and reduce-scatters (apply_schedule). The gathered ones are
+    # sets, so that each is computed locally and gathered once; the sets join their producers'
+    # pointwise segments. dln1/dln0 are the GEMMs' reshaped results themselves (no copy).
     dfc2 = tv["dfc2"] = fd.ops.set(_to_dtype(fd, _apply_dropout(fd, dout, tv["mlp_dropout_mask"], cfg), dt))
     fc1_32 = _to_float(fd, tv["fc1_out"])
     gelu = _to_dtype(fd, _gelu_tanh(fd, fc1_32), dt)
@@ -227,7 +229,7 @@ def define_backward(fd, cfg):
     ln1_out = tv["ln1_out"] = fd.ops.set(_to_dtype(fd, _normalized(fd, h1, tv["ln1_mean"], tv["ln1_rstd"],
                                                                   tv["ln1_weight"], tv["ln1_bias"], cfg), dt))
     dln1, grad["grad_fc1_weight"], grad["grad_fc1_bias"] = _linear_backward(fd, dfc1, ln1_out, tv["fc1_weight"], cfg)
-    dln1 = tv["dln1"] = fd.ops.set(dln1)
+    tv["dln1"] = dln1
     dh1_ln, grad["grad_ln1_weight"], grad["grad_ln1_bias"] = _layer_norm_backward(
         fd, _to_float(fd, dln1), h1, tv["ln1_mean"], tv["ln1_rstd"], tv["ln1_weight"], cfg)
     dh1 = fd.ops.add(dout, dh1_ln)
@@ -245,7 +247,7 @@ def define_backward(fd, cfg):
     ln0_out = tv["ln0_out"] = fd.ops.set(_to_dtype(fd, _normalized(fd, x32, tv["ln0_mean"], tv["ln0_rstd"],
                                                                   tv["ln0_weight"], tv["ln0_bias"], cfg), dt))
     dln0, grad["grad_qkv_weight"], grad["grad_qkv_bias"] = _linear_backward(fd, dqkv, ln0_out, tv["qkv_weight"], cfg)
-    dln0 = tv["dln0"] = fd.ops.set(dln0)
+    tv["dln0"] = dln0
     dx_ln, grad["grad_ln0_weight"], grad["grad_ln0_bias"] = _layer_norm_backward(
         fd, _to_float(fd, dln0), x32, tv["ln0_mean"], tv["ln0_rstd"], tv["ln0_weight"], cfg)
     grad["grad_x"] = _to_dtype(fd, fd.ops.add(dh1, dx_ln), dt)

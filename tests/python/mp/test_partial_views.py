@@ -1,6 +1,6 @@
-"""A matmul's Partial result (its contraction axis sharded) waits through views for the set that
-reshards it (run under mpirun -np 2 / 4): reshaped and wanted sharded, it is reduce-scattered, not
-allreduced and sliced; consumed by a pointwise op, or returned, it is allreduced first. Every case
+"""A matmul's Partial result (its contraction axis sharded) waits through views for the annotated
+tensor (a set, or the view itself) that reshards it (run under mpirun -np 2 / 4): reshaped and
+wanted sharded, it is reduce-scattered, not allreduced and sliced; consumed by a pointwise op, or returned, it is allreduced first. Every case
 checks the numbers against numpy on every rank."""
 import numpy as np
 
@@ -52,6 +52,18 @@ def test_partial_reshaped_then_sharded_is_reduce_scattered():
     assert communications(fd) == ["ReduceScatter"], fd.host_ir()
     rows = M // 2 // WORLD
     expected = PRODUCT.reshape(2, M // 2, N)[:, RANK * rows:(RANK + 1) * rows]
+    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_partial_whose_reshape_is_annotated_sharded_is_reduce_scattered():
+    def annotated_view(fd, y):
+        shard(y, 1)  # the reshape's result itself, no set
+        return fd.ops.mul(y, 2.0)
+
+    fd, result, _ = run(annotated_view)
+    assert communications(fd) == ["ReduceScatter"], fd.host_ir()
+    rows = M // 2 // WORLD
+    expected = 2 * PRODUCT.reshape(2, M // 2, N)[:, RANK * rows:(RANK + 1) * rows]
     np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
 
 
