@@ -397,7 +397,7 @@ void HostIrLower::lowerResharding(const Expr* e) {
     }
   } else if (cm.size() == 1) {
     int64_t root = cm.devices()[0];
-    bool p_partial = ps.partial[0] || ps.partial[1] || ps.partial[2];
+    bool p_partial = ps.isPartial();
     bool p_sharded = ps.axis[0] >= 0 || ps.axis[1] >= 0 || ps.axis[2] >= 0;
     if (!p_partial && !p_sharded) {
       if (pm.has(root)) {

@@ -138,7 +138,7 @@ class ReshardingPass {
     const DeviceMesh& src = *tv->deviceMesh();
     Sharding s = shardingOf(tv);
     if (src.shape() == mesh.shape()) {
-      if (s.partial[0] || s.partial[1] || s.partial[2]) {
+      if (s.isPartial()) {
         Sharding resolved = s;
         resolved.partial = {false, false, false};
         tv = reshardSameMesh(tv, resolved);
@@ -213,8 +213,6 @@ class ReshardingPass {
     if (auto it = bound_.find(v); it != bound_.end()) return it->second[static_cast<size_t>(a)];
     return static_cast<const TensorView*>(v)->shape()[static_cast<size_t>(a)];
   }
-
-  static bool isPartial(const Sharding& s) { return s.partial[0] || s.partial[1] || s.partial[2]; }
 
   // A Partial result may stay unreduced when every use is a view that passes Partial on, or a
   // user's set, up to a tensor the user annotated: its resharding then does the reduction, and its
@@ -355,8 +353,7 @@ class ReshardingPass {
     if (target && e->op() == OpType::Reshape && !(compute == wanted))
       checkViewAnnotationHonoured(e, inputs, wanted, compute, compute_mesh);
     // Linear with bias and a Partial result: add the bias once, after the reduction.
-    if (e->op() == OpType::Linear && inputs.size() == 3 &&
-        std::any_of(compute.partial.begin(), compute.partial.end(), [](bool p) { return p; })) {
+    if (e->op() == OpType::Linear && inputs.size() == 3 && compute.isPartial()) {
       Sharding resolved = target ? *target : Sharding{};
       if (!target)
         for (int d = 0; d < kMeshDims; ++d) resolved.axis[d] = compute.partial[d] ? -1 : compute.axis[d];
@@ -371,9 +368,9 @@ class ReshardingPass {
     if (!target) {
       for (int d = 0; d < kMeshDims; ++d) final_target.axis[d] = compute.partial[d] ? -1 : compute.axis[d];
     }
-    if (result->deviceMesh() == mesh && isPartial(shardingOf(result)) && partialCanWait(e->out()) &&
+    if (result->deviceMesh() == mesh && shardingOf(result).isPartial() && partialCanWait(e->out()) &&
         e->op() != OpType::Mean)
-      return result;  // reduced by the view or set that consumes it (a reduce-scatter where that is sharded)
+      return result;  // reduced at the annotated tensor it flows into (a reduce-scatter where that is sharded)
     if (result->deviceMesh() != mesh || !(shardingOf(result) == final_target))
       result = reshard(result, mesh, final_target);
     if (e->op() == OpType::Mean) {
@@ -444,8 +441,7 @@ class ReshardingPass {
     if (orig_out->hasDeviceMesh()) {
       mesh = *orig_out->deviceMesh();
       target = shardingOf(orig_out);
-      if (target->partial[0] || target->partial[1] || target->partial[2])
-        throw UserError(orig_out->name() + ": outputs cannot be declared Partial");
+      if (target->isPartial()) throw UserError(orig_out->name() + ": outputs cannot be declared Partial");
     } else {
       mesh = *default_mesh_;
       for (Val* v : inputs)
@@ -518,8 +514,7 @@ class ReshardingPass {
       auto* result = static_cast<TensorView*>(results[i]);
       if (orig->hasDeviceMesh()) {  // an annotated result: honoured (one communication at most)
         const Sharding target = shardingOf(orig);
-        if (target.partial[0] || target.partial[1] || target.partial[2])
-          throw UserError(orig->name() + ": outputs cannot be declared Partial");
+        if (target.isPartial()) throw UserError(orig->name() + ": outputs cannot be declared Partial");
         if (result->deviceMesh() != orig->deviceMesh() || !(shardingOf(result) == target))
           result = reshard(result, *orig->deviceMesh(), target);
       }

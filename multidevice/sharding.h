@@ -16,8 +16,9 @@ struct Sharding {
   std::array<bool, kMeshDims> partial{false, false, false};
   bool operator==(const Sharding&) const = default;
   bool isReplicated(int dim) const { return axis[dim] < 0 && !partial[dim]; }
-  std::string toString(int dim) const;  // "Shard(1)", "Replicate", "Partial"
-  std::string toString() const;         // over all dims, e.g. "{mesh_x: Shard(0)}"
+  bool isPartial() const { return partial[0] || partial[1] || partial[2]; }  // along any mesh dim
+  std::string toString(int dim) const;                                       // "Shard(1)", "Replicate", "Partial"
+  std::string toString() const;                                              // over all dims, e.g. "{mesh_x: Shard(0)}"
 };
 
 Sharding shardingOf(const TensorView* tv);
