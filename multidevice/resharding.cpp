@@ -368,8 +368,10 @@ class ReshardingPass {
     if (!target) {
       for (int d = 0; d < kMeshDims; ++d) final_target.axis[d] = compute.partial[d] ? -1 : compute.axis[d];
     }
-    if (result->deviceMesh() == mesh && shardingOf(result).isPartial() && partialCanWait(e->out()) &&
-        e->op() != OpType::Mean)
+    // Only sums wait: a max's reduction op is read off its producer when the communication is
+    // lowered (which a view in between would hide), and a mean is scaled after its reduction.
+    const bool sum = e->op() != OpType::ReduceMax && e->op() != OpType::Mean;
+    if (sum && result->deviceMesh() == mesh && shardingOf(result).isPartial() && partialCanWait(e->out()))
       return result;  // reduced at the annotated tensor it flows into (a reduce-scatter where that is sharded)
     if (result->deviceMesh() != mesh || !(shardingOf(result) == final_target))
       result = reshard(result, mesh, final_target);

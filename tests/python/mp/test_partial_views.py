@@ -77,3 +77,19 @@ def test_partial_view_returned_is_allreduced():
     fd, result, _ = run(lambda fd, y: fd.ops.permute(y, [0, 2, 1]))
     assert communications(fd) == ["Allreduce"], fd.host_ir()
     np.testing.assert_allclose(result, PRODUCT.reshape(2, M // 2, N).transpose(0, 2, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_partial_max_reshaped_then_annotated_is_reduced_with_max():
+    """A max over the sharded axis is Partial too, but only sums wait through views: a view would
+    hide the max from the communication, which would then add the shards' maxima."""
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([M, K], DataType.Float)
+        y = fd.ops.reshape(fd.ops.max(a, [1]), [2, M // 2])
+        z = fd.ops.set(y)
+        fd.add_output(z)
+        shard(a, 1)
+        z.set_device_mesh(MESH)
+    k = K // WORLD
+    (result,) = fd.execute([A[:, RANK * k:(RANK + 1) * k]])
+    assert communications(fd) == ["Allreduce"], fd.host_ir()
+    np.testing.assert_array_equal(result, A.max(axis=1).reshape(2, M // 2))
