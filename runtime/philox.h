@@ -11,13 +11,14 @@
 
 namespace meshfuse::philox {
 
+constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;    // the round's multipliers
+constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;  // the key's step per round
+
 // One of the ten rounds on counter (c0..c3) and key (k0, k1); the key then moves on by the Weyl
 // constants. Always inlined, so that a loop of rounds over many counters vectorizes
 // (runtime/cpu/philox_block.cpp).
 [[gnu::always_inline]] inline void oneRound(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t& k0,
                                             uint32_t& k1) {
-  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
   const uint64_t p0 = static_cast<uint64_t>(kMul0) * c0;
   const uint64_t p1 = static_cast<uint64_t>(kMul1) * c2;
   const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;

@@ -1,9 +1,9 @@
 // philoxWords has two builds: an AVX-512 one with intrinsics, picked at run time where the CPU has
 // AVX-512, and the portable loop (itself cloned for AVX2 and the baseline). For AVX-512 GCC
 // vectorizes the portable loop with 64-bit lane multiplies (vpmullq, several micro-ops each); the
-// round needs only 32 x 32 -> 64-bit products, which vpmuludq makes in one, for every other lane. Built with
-// -ffp-contract=off (CMakeLists.txt): uniformFloats must round the product before the sum, or a clone would fuse them
-// and differ from the CUDA kernels.
+// round needs only 32 x 32 -> 64-bit products, which vpmuludq makes in one, for every other lane.
+// Built with -ffp-contract=off (CMakeLists.txt): uniformFloats must round the product before the
+// sum, or a clone would fuse them and differ from the CUDA kernels.
 #include "runtime/cpu/philox_block.h"
 
 #include <immintrin.h>
@@ -15,8 +15,10 @@ namespace meshfuse::cpu {
 
 namespace {
 
-constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+using philox::kMul0;
+using philox::kMul1;
+using philox::kWeyl0;
+using philox::kWeyl1;
 
 void philoxWordsPortable(const uint64_t* index, int64_t begin, int64_t n, uint64_t offset, uint64_t seed, uint32_t* w0,
                          uint32_t* w1, uint32_t* w2, uint32_t* w3) {

@@ -12,8 +12,8 @@ namespace meshfuse::cpu {
 void philoxWords(const uint64_t* index, int64_t n, uint64_t offset, uint64_t seed, uint32_t* w0, uint32_t* w1,
                  uint32_t* w2, uint32_t* w3);
 
-// The builds philoxWords chooses from (AVX-512 intrinsics, the portable loop) that this CPU runs, so that tests
-// check each of them, not only the one this machine would pick.
+// The builds philoxWords chooses from (AVX-512 intrinsics, the portable loop) that this CPU runs,
+// so that tests check each of them, not only the one this machine would pick.
 using PhiloxWordsFn = void (*)(const uint64_t*, int64_t, uint64_t, uint64_t, uint32_t*, uint32_t*, uint32_t*,
                                uint32_t*);
 struct PhiloxBuild {
