@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/fast_exp.h"
@@ -34,14 +33,6 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
               static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
               c, static_cast<int>(ldc));
-}
-
-template <typename T>
-[[gnu::always_inline]] inline T expOf(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return expFloat(x);
-  else
-    return std::exp(x);
 }
 
 // Keys of the tile starting at j0 (of `bk`) that query i sees: all, or those with j <= i (causal).

@@ -2,8 +2,10 @@
 // libm calls per element, which no loop vectorizes without -ffast-math). Used by the pointwise,
 // normalization and attention kernels.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace meshfuse::cpu {
 
@@ -50,6 +52,24 @@ inline float tanhFloat(float v) {
   const float near = a * (1.0f + a2 * (-1.0f / 3 + a2 * (2.0f / 15 + a2 * (-17.0f / 315))));
   const float r = a < 0.125f ? near : far;
   return v < 0.0f ? -r : (v == v ? r : v);
+}
+
+// e^x and tanh in a compute type T: the functions above for float, libm's otherwise. Always
+// inlined, so that every SIMD clone of a loop over them gets its own wide copy.
+template <typename T>
+[[gnu::always_inline]] inline T expOf(T v) {
+  if constexpr (std::is_same_v<T, float>)
+    return expFloat(v);
+  else
+    return static_cast<T>(std::exp(v));
+}
+
+template <typename T>
+[[gnu::always_inline]] inline T tanhOf(T v) {
+  if constexpr (std::is_same_v<T, float>)
+    return tanhFloat(v);
+  else
+    return static_cast<T>(std::tanh(v));
 }
 
 }  // namespace meshfuse::cpu

@@ -23,22 +23,6 @@ struct TileOperand {
   T scalar{};
 };
 
-template <typename T>
-inline T expOf(T v) {
-  if constexpr (std::is_same_v<T, float>)
-    return expFloat(v);
-  else
-    return static_cast<T>(std::exp(v));
-}
-
-template <typename T>
-inline T tanhOf(T v) {
-  if constexpr (std::is_same_v<T, float>)
-    return tanhFloat(v);
-  else
-    return static_cast<T>(std::tanh(v));
-}
-
 namespace detail {
 // Always inlined, so that each SIMD clone of the apply functions below has its own wide loop
 // (an out-of-line callee would be built for the baseline only).
