@@ -128,17 +128,14 @@ ComputeType chooseComputeType(const std::vector<const Expr*>& exprs) {
   };
   for (const Expr* e : exprs) {
     // A comparison of integers with a floating-point number compares the values (x < 0.5 holds
-    // for x = 0, as in torch and numpy), not the number truncated to an integer. A float tensor
-    // compares in float with the number rounded to float, as torch does (a dropout mask's
-    // uniform >= p stays a float program).
-    bool integer_tensor = false, float_scalar = false;
+    // for x = 0, as in torch and numpy), not the number truncated to an integer: not an integer
+    // program, and (as any integer operand makes it) a double one. A float tensor compares in
+    // float with the number rounded to float, as torch does (a dropout mask's uniform >= p stays
+    // a float program).
     for (const Val* v : e->inputs()) {
       visit(v);
-      if (v->isTensor() && isIntegral(v->dtype()) && v->dtype() != DataType::Bool) integer_tensor = true;
-      if (!v->isTensor() && isFloatingPoint(v->dtype())) float_scalar = true;
+      if (!v->isTensor() && isComparison(e->op()) && isFloatingPoint(v->dtype())) all_integer = false;
     }
-    if (isComparison(e->op()) && float_scalar && integer_tensor) wide = true, all_integer = false;
-    if (isComparison(e->op()) && float_scalar) all_integer = false;
     visit(e->out());
     if (!isIntegerExact(e->op())) all_integer = false;
   }
