@@ -6,6 +6,7 @@ leading axes."""
 import numpy as np
 import pytest
 from conftest import random_array
+from host_ir_lines import launches as segments
 
 from meshfuse import DataType, FusionDefinition
 
@@ -20,11 +21,6 @@ def round_to_bfloat16(x):
     bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
     return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
-
-
-def segments(fd):
-    """The kinds of the LaunchSegments of fd's host program, in order."""
-    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if line.strip().startswith("LaunchSegment")]
 
 
 def assert_one_normalization(fd):

@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 from conftest import DATA_TYPE, random_array, run_fusion, tolerance
+from host_ir_lines import launches
 
 from meshfuse import DataType, FusionDefinition
 
@@ -260,11 +261,6 @@ def test_fused_chain_with_two_outputs(rng):
     np.testing.assert_allclose(outs[1], np.exp(y).sum(axis=1), rtol=1e-5)
 
 
-def _launches(fd):
-    """The kinds of the segments a host program launches, in order."""
-    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if "LaunchSegment" in line]
-
-
 def test_broadcasts_between_pointwise_ops_stay_one_pointwise_segment(rng):
     """(x - mean) * rstd * w + b with the row statistics and weights broadcast between the pointwise
     ops (a LayerNorm's recomputation in a backward): the broadcasts are launched first and the four
@@ -282,7 +278,7 @@ def test_broadcasts_between_pointwise_ops_stay_one_pointwise_segment(rng):
     x64 = x.astype(np.float64)
     expected = (x64 - mean[:, None]) * rstd[:, None] * w + b
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-    assert _launches(fd) == ["view"] * 4 + ["pointwise"], fd.host_ir()
+    assert launches(fd) == ["view"] * 4 + ["pointwise"], fd.host_ir()
 
 
 def test_broadcast_of_a_value_the_open_segment_computes_is_not_launched_ahead(rng):
@@ -296,4 +292,4 @@ def test_broadcast_of_a_value_the_open_segment_computes_is_not_launched_ahead(rn
         fd.add_output(fd.ops.mul(ty, fd.ops.broadcast_in_dim(e, [4, 5], [1])))
     (out,) = fd.execute([x, y])
     np.testing.assert_allclose(out, y.astype(np.float64) * np.exp(-x.astype(np.float64)), rtol=1e-5)
-    assert _launches(fd) == ["pointwise", "view", "pointwise"], fd.host_ir()
+    assert launches(fd) == ["pointwise", "view", "pointwise"], fd.host_ir()

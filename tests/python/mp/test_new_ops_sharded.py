@@ -3,12 +3,16 @@
 axis reshards (an allgather) and gives the right numbers, a row-sharded LayerNorm is one local
 normalization segment, and a sharded uniform()/normal() holds its block of the one global tensor."""
 import os
+import sys
 
 import numpy as np
 import pytest
 
 from meshfuse import DataType, FusionDefinition, ParallelType
 from meshfuse.multidevice import Communicator, DeviceMesh, shard_tensor
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+from host_ir_lines import communications, launches as segments  # noqa: E402
 
 COMM = Communicator.instance()
 RANK, WORLD = COMM.rank, COMM.size
@@ -25,14 +29,6 @@ def shard(tv, axis=0):
 def block(full, axis=0):
     n = full.shape[axis] // WORLD
     return np.take(full, range(RANK * n, (RANK + 1) * n), axis=axis)
-
-
-def communications(fd):
-    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if line.strip().startswith("PostOnStream")]
-
-
-def segments(fd):
-    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if line.strip().startswith("LaunchSegment")]
 
 
 FULL = np.random.default_rng(12).uniform(-2, 2, (4 * WORLD, 6)).astype(np.float32)

@@ -2,10 +2,16 @@
 tensor (a set, or the view itself) that reshards it (run under mpirun -np 2 / 4): reshaped and
 wanted sharded, it is reduce-scattered, not allreduced and sliced; consumed by a pointwise op, or returned, it is allreduced first. Every case
 checks the numbers against numpy on every rank."""
+import os
+import sys
+
 import numpy as np
 
 from meshfuse import DataType, FusionDefinition, ParallelType
 from meshfuse.multidevice import Communicator, DeviceMesh
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+from host_ir_lines import communications  # noqa: E402
 
 COMM = Communicator.instance()
 RANK, WORLD = COMM.rank, COMM.size
@@ -22,10 +28,6 @@ def shard(tv, axis):
     tv.set_device_mesh(MESH)
     tv.outer_split(axis, WORLD)
     tv.axis(axis).parallelize(ParallelType.mesh_x)
-
-
-def communications(fd):
-    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if line.strip().startswith("PostOnStream")]
 
 
 def run(consumer):

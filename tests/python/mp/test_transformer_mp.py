@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 import meshfuse  # noqa: E402
 import transformer_reference as ref  # noqa: E402
+from host_ir_lines import communications  # noqa: E402
 from meshfuse import CommunicatorBackend, DataType, FusionDefinition, ParallelType  # noqa: E402
 from meshfuse.models import (BACKWARD_OUTPUTS, FORWARD_OUTPUTS, PARAMETERS, TransformerBackward,  # noqa: E402
                              TransformerConfig, TransformerForward, mesh_for, output_shardings,
@@ -61,11 +62,6 @@ def global_inputs(cfg):
     arrays["x"] = rng.standard_normal((cfg.batch, cfg.sequence, cfg.hidden)).astype(np.float32)
     arrays["grad_out"] = rng.standard_normal(arrays["x"].shape).astype(np.float32)
     return arrays
-
-
-def communications(fd):
-    """The communication types of fd's last host program, in order."""
-    return [line.split()[1].split("(")[0] for line in fd.host_ir().splitlines() if "Post" in line.split()[0]]
 
 
 # Batch 1 as well for SP: then a [b, s, e] -> [b*s, e] reshape keeps the sequence sharding, and
