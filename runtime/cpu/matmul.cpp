@@ -12,42 +12,29 @@
 #include "runtime/cpu/convert.h"
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/strided_space.h"
+#include "runtime/matrix_layout.h"
 
 namespace meshfuse::cpu {
 
 namespace {
 
-// How BLAS reads one [rows, cols] matrix with strides (rs, cs), or nullopt when it cannot.
-struct BlasLayout {
-  bool transposed;
-  int64_t ld;
-};
-
-std::optional<BlasLayout> blasLayout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  if ((cols == 1 || cs == 1) && (rows == 1 || rs >= std::max<int64_t>(cols, 1)))
-    return BlasLayout{false, rows == 1 ? std::max<int64_t>(cols, 1) : rs};
-  if ((rows == 1 || rs == 1) && (cols == 1 || cs >= std::max<int64_t>(rows, 1)))
-    return BlasLayout{true, cols == 1 ? std::max<int64_t>(rows, 1) : cs};
-  return std::nullopt;
-}
-
 // C[M, N] (row stride ldc) = op(A)[M, K] @ op(B)[K, N] (+ C when accumulate).
-void gemm(const BlasLayout& la, const BlasLayout& lb, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
-          float* c, int64_t ldc, bool accumulate) {
+void gemm(const MatrixLayout& la, const MatrixLayout& lb, int64_t m, int64_t n, int64_t k, const float* a,
+          const float* b, float* c, int64_t ldc, bool accumulate) {
   cblas_sgemm(CblasRowMajor, la.transposed ? CblasTrans : CblasNoTrans, lb.transposed ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(la.ld), b,
               static_cast<int>(lb.ld), accumulate ? 1.0f : 0.0f, c, static_cast<int>(ldc));
 }
 
-void gemm(const BlasLayout& la, const BlasLayout& lb, int64_t m, int64_t n, int64_t k, const double* a, const double* b,
-          double* c, int64_t ldc, bool accumulate) {
+void gemm(const MatrixLayout& la, const MatrixLayout& lb, int64_t m, int64_t n, int64_t k, const double* a,
+          const double* b, double* c, int64_t ldc, bool accumulate) {
   cblas_dgemm(CblasRowMajor, la.transposed ? CblasTrans : CblasNoTrans, lb.transposed ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0, a, static_cast<int>(la.ld), b,
               static_cast<int>(lb.ld), accumulate ? 1.0 : 0.0, c, static_cast<int>(ldc));
 }
 
 // Integers: exact int64 arithmetic (BLAS has none), rows in parallel.
-void gemm(const BlasLayout& la, const BlasLayout& lb, int64_t m, int64_t n, int64_t k, const int64_t* a,
+void gemm(const MatrixLayout& la, const MatrixLayout& lb, int64_t m, int64_t n, int64_t k, const int64_t* a,
           const int64_t* b, int64_t* c, int64_t ldc, bool accumulate) {
   const int64_t ars = la.transposed ? 1 : la.ld, acs = la.transposed ? la.ld : 1;
   const int64_t brs = lb.transposed ? 1 : lb.ld, bcs = lb.transposed ? lb.ld : 1;
@@ -65,7 +52,7 @@ void gemm(const BlasLayout& la, const BlasLayout& lb, int64_t m, int64_t n, int6
 
 Tensor matrixReady(const Tensor& t, DataType compute) {
   const int64_t r = t.dim();
-  if (t.dtype() == compute && blasLayout(t.size(r - 2), t.size(r - 1), t.strides()[r - 2], t.strides()[r - 1]))
+  if (t.dtype() == compute && matrixLayout(t.size(r - 2), t.size(r - 1), t.strides()[r - 2], t.strides()[r - 1]))
     return t;
   return convertToContiguous(t, compute);
 }
@@ -96,8 +83,8 @@ void batchedMatmul(const Tensor& a, const Tensor& b, T* c, bool accumulate) {
     if (!accumulate) std::fill(c, c + batches * m * n, T(0));
     return;
   }
-  const BlasLayout la = *blasLayout(m, k, a.strides()[ra - 2], a.strides()[ra - 1]);
-  const BlasLayout lb = *blasLayout(k, n, b.strides()[rb - 2], b.strides()[rb - 1]);
+  const MatrixLayout la = *matrixLayout(m, k, a.strides()[ra - 2], a.strides()[ra - 1]);
+  const MatrixLayout lb = *matrixLayout(k, n, b.strides()[rb - 2], b.strides()[rb - 1]);
   StridedSpace space{batch,
                      {broadcastStrides(batchShape(a), batchStrides(a), batch),
                       broadcastStrides(batchShape(b), batchStrides(b), batch)}};
@@ -113,7 +100,7 @@ void batchedMatmul(const Tensor& a, const Tensor& b, T* c, bool accumulate) {
     rows.coalesce();
     if (rows.rank() == 0 || (rows.rank() == 1 && rows.strides[0][0] >= k)) {
       const int64_t ld = rows.rank() == 0 ? k : rows.strides[0][0];
-      gemm(BlasLayout{false, ld}, lb, batches * m, n, k, pa, pb, c, n, accumulate);
+      gemm(MatrixLayout{false, ld}, lb, batches * m, n, k, pa, pb, c, n, accumulate);
       return;
     }
   }

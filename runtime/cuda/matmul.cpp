@@ -1,19 +1,44 @@
 // cuBLASLt matmul plans and the matmul/linear entry points (see matmul.h).
 #include "runtime/cuda/matmul.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "ir/ir.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/pointwise_kernel.h"
 #include "runtime/cuda/streams.h"
+#include "runtime/matrix_layout.h"
 
 namespace meshfuse::cuda {
 
 namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;
+// Autotuning: how many of the heuristic's algorithms are timed, how often each, and the smallest
+// product (in FLOPs) worth the one-off cost (a few launches of each candidate, once per plan).
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneRepeats = 3;
+constexpr double kTuneMinFlops = 1e9;
+
+bool autotuneEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MESHFUSE_MATMUL_AUTOTUNE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
+// MESHFUSE_MATMUL_TUNE_LOG=1: one line per tuned plan on stderr (the shape key, the heuristic's
+// first choice and the chosen one, each in ms), to see what autotuning buys on a machine.
+bool tuneLogEnabled() {
+  static const bool enabled = std::getenv("MESHFUSE_MATMUL_TUNE_LOG") != nullptr;
+  return enabled;
+}
 
 cudaDataType_t cudaTypeOf(DataType d) {
   switch (d) {
@@ -37,6 +62,8 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our B), B (our A), C=D
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first (algo is one of them)
+  bool tuned = false;
   bool fused_bias = false;  // false: the bias is added by a pointwise kernel afterwards
 };
 
@@ -82,9 +109,12 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int al
   const cublasComputeType_t compute =
       dbl ? CUBLAS_COMPUTE_64F : (p.dtype == DataType::Float ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
   Plan plan;
-  // Column-major view of the row-major problem: C^T (n x m) = op(B)^T (n x k) * A^T (k x m).
-  plan.a = p.trans_b ? layout(t, p.k, p.n, p.k, p.batch, p.stride_b) : layout(t, p.n, p.k, p.n, p.batch, p.stride_b);
-  plan.b = layout(t, p.k, p.m, p.k, p.batch, p.stride_a);
+  // Column-major view of the row-major problem: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m). A
+  // row-major matrix with row stride ld is a column-major one with leading dimension ld.
+  const int64_t ldb = p.ldb > 0 ? p.ldb : (p.trans_b ? p.k : p.n);
+  const int64_t lda = p.lda > 0 ? p.lda : (p.trans_a ? p.m : p.k);
+  plan.a = p.trans_b ? layout(t, p.k, p.n, ldb, p.batch, p.stride_b) : layout(t, p.n, p.k, ldb, p.batch, p.stride_b);
+  plan.b = p.trans_a ? layout(t, p.m, p.k, lda, p.batch, p.stride_a) : layout(t, p.k, p.m, lda, p.batch, p.stride_a);
   plan.c = layout(t, p.n, p.m, p.n, p.batch, p.stride_c);
   cublasLtMatmulPreference_t pref;
   MESHFUSE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -105,7 +135,7 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int al
   for (bool fuse : {want_bias, false}) {
     if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
     MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, compute, dbl ? CUDA_R_64F : CUDA_R_32F));
-    cublasOperation_t opa = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
+    cublasOperation_t opa = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (sm_target > 0) {  // the heuristic picks an algorithm for this many multiprocessors
@@ -121,12 +151,16 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int al
       MESHFUSE_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &fake, sizeof fake));
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
     int found = 0;
-    cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(s.handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s.handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref,
+                                                       kTuneCandidates, results, &found);
     if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-      plan.algo = result.algo;
+      for (int i = 0; i < found; ++i)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS) plan.candidates.push_back(results[i].algo);
+    }
+    if (!plan.candidates.empty()) {
+      plan.algo = plan.candidates.front();
       plan.fused_bias = fuse;
       cublasLtMatmulPreferenceDestroy(pref);
       return plan;
@@ -136,8 +170,52 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int al
   cublasLtMatmulPreferenceDestroy(pref);
   std::ostringstream os;
   os << "cuBLASLt has no algorithm for " << toString(p.dtype) << " [" << p.batch << " x " << p.m << " x " << p.k
-     << "] @ [" << p.k << " x " << p.n << "]" << (p.trans_b ? " (B transposed)" : "");
+     << "] @ [" << p.k << " x " << p.n << "]" << (p.trans_a ? " (A transposed)" : "")
+     << (p.trans_b ? " (B transposed)" : "");
   throw std::runtime_error(os.str());
+}
+
+// Times each candidate algorithm on the call's own operands (`c` is overwritten, which the call
+// does anyway) and keeps the fastest in plan.algo. The heuristic's first choice is a model's guess;
+// on the H200 it can leave 10-15% on the table for the transformer's [2048 x 12288] x [12288 x 4e]
+// shapes. Skipped while the stream is being captured into a graph (no synchronization allowed).
+void tune(Plan& plan, const std::string& what, cublasLtHandle_t handle, cudaStream_t stream, const void* alpha,
+          const void* beta, const void* a, const void* b, void* c, void* workspace) {
+  plan.tuned = true;
+  if (plan.candidates.size() < 2) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  MESHFUSE_CUDA_CHECK(cudaEventCreate(&start));
+  MESHFUSE_CUDA_CHECK(cudaEventCreate(&stop));
+  float best_ms = std::numeric_limits<float>::infinity(), first_ms = 0;
+  size_t best_index = 0, index = 0;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle, plan.desc, alpha, b, plan.a, a, plan.b, beta, c, plan.c, c, plan.c, &algo, workspace,
+                          kWorkspaceBytes, stream);
+  };
+  for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
+    if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm that refuses is skipped
+    MESHFUSE_CUDA_CHECK(cudaEventRecord(start, stream));
+    bool ok = true;
+    for (int r = 0; r < kTuneRepeats && ok; ++r) ok = run(algo) == CUBLAS_STATUS_SUCCESS;
+    MESHFUSE_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MESHFUSE_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    MESHFUSE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (index == 0) first_ms = ms;
+    if (ok && ms < best_ms) {
+      best_ms = ms;
+      best_index = index;
+      plan.algo = algo;
+    }
+    ++index;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (tuneLogEnabled())
+    std::fprintf(stderr, "[meshfuse] matmul %s: heuristic's first %.3f ms, chosen candidate %zu of %zu %.3f ms\n",
+                 what.c_str(), first_ms / kTuneRepeats, best_index, plan.candidates.size(), best_ms / kTuneRepeats);
 }
 
 void addBiasInPlace(int device, DataType dtype, void* c, int64_t rows, int64_t n, const void* bias) {
@@ -150,6 +228,31 @@ void addBiasInPlace(int device, DataType dtype, void* c, int64_t rows, int64_t n
   Tensor ct = Tensor::fromBlob(c, dtype, {rows, n}, {n, 1}, Device::cuda(device), no_release);
   Tensor bt = Tensor::fromBlob(const_cast<void*>(bias), dtype, {n}, {1}, Device::cuda(device), no_release);
   runPointwise(device, prog, {ct, bt}, {}, {ct});
+}
+
+// The last two axes of `t` as a 2-D tensor (every other axis has extent 1).
+Tensor lastMatrix(const Tensor& t) {
+  const int64_t r = t.dim();
+  return Tensor(t.storage(), t.byteOffset(), t.dtype(), {t.size(r - 2), t.size(r - 1)},
+                {t.strides()[r - 2], t.strides()[r - 1]});
+}
+
+// A 2-D operand as cuBLASLt reads it: in place, with `transposed` and `ld` set, when it is
+// row-major or transposed row-major with a leading dimension the tensor-core kernels accept
+// (packed, or a multiple of 16 bytes); else a contiguous copy (transposed false, ld 0 = packed).
+Tensor operandFor(const Tensor& t, bool& transposed, int64_t& ld) {
+  if (auto l = matrixLayout(t.size(0), t.size(1), t.strides()[0], t.strides()[1])) {
+    const int64_t packed = l->transposed ? t.size(0) : t.size(1);
+    const int64_t per16 = std::max<int64_t>(1, 16 / static_cast<int64_t>(dataTypeSize(t.dtype())));
+    if (l->ld == packed || l->ld % per16 == 0) {
+      transposed = l->transposed;
+      ld = l->ld;
+      return t;
+    }
+  }
+  transposed = false;
+  ld = 0;
+  return t.contiguous();
 }
 
 void checkOnDevice(const Tensor& t, int device, const char* what, const char* op) {
@@ -165,8 +268,9 @@ void gemm(int device, const GemmProblem& p, const void* a, const void* b, void* 
   const int align[4] = {alignmentOf(b), alignmentOf(a), alignmentOf(c), bias ? alignmentOf(bias) : 256};
   std::ostringstream key;
   key << static_cast<int>(p.dtype) << ":" << p.m << "," << p.n << "," << p.k << "," << p.batch << "," << p.stride_a
-      << "," << p.stride_b << "," << p.stride_c << "," << p.trans_b << "," << (bias != nullptr) << "@" << align[0]
-      << "," << align[1] << "," << align[2] << "," << align[3] << "/sm" << matmulSmCountTarget();
+      << "," << p.stride_b << "," << p.stride_c << "," << p.trans_a << p.trans_b << "," << p.lda << "," << p.ldb << ","
+      << (bias != nullptr) << "@" << align[0] << "," << align[1] << "," << align[2] << "," << align[3] << "/sm"
+      << matmulSmCountTarget();
   // The lock covers the enqueue too: a fused-bias plan's descriptor carries this call's bias pointer.
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& state = stateOf(device);
@@ -190,6 +294,10 @@ void gemm(int device, const GemmProblem& p, const void* a, const void* b, void* 
   const bool dbl = p.dtype == DataType::Double;
   const void* alpha = dbl ? static_cast<const void*>(&one_d) : &one_f;
   const void* beta = dbl ? static_cast<const void*>(&zero_d) : &zero_f;
+  const double flops = 2.0 * static_cast<double>(p.batch) * static_cast<double>(p.m) * static_cast<double>(p.n) *
+                       static_cast<double>(p.k);
+  if (!plan->tuned && autotuneEnabled() && flops >= kTuneMinFlops)
+    tune(*plan, key.str(), handle, stream, alpha, beta, a, b, c, workspace);
   MESHFUSE_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha, b, plan->a, a, plan->b, beta, c, plan->c, c, plan->c,
                                        &plan->algo, workspace, kWorkspaceBytes, stream));
   if (bias && !plan->fused_bias) addBiasInPlace(device, p.dtype, c, p.batch * p.m, p.n, bias);
@@ -243,8 +351,15 @@ void runMatmul(int device, const Tensor& a_in, const Tensor& b_in, const Tensor&
   p.n = n;
   p.k = k;
   if (numelOf(batch_b) == 1) {
-    // B is shared by every batch: the batch folds into M, one large product.
-    Tensor ad = dense(a), bd = b.contiguous();
+    // B is shared by every batch: read in place when its layout allows (a transposed weight is a flag).
+    Tensor bd = operandFor(lastMatrix(b), p.trans_b, p.ldb);
+    if (nbatch == 1) {
+      Tensor ad = operandFor(lastMatrix(a), p.trans_a, p.lda);
+      gemm(device, p, ad.data(), bd.data(), out.data(), nullptr);
+      return;
+    }
+    // The batch folds into M, one large product (A dense).
+    Tensor ad = dense(a);
     p.m = m * nbatch;
     gemm(device, p, ad.data(), bd.data(), out.data(), nullptr);
     return;
@@ -272,15 +387,21 @@ void runLinear(int device, const Tensor& x, const Tensor& weight, const Tensor& 
   if (bias.defined() && bias.numel() != n)
     throw UserError("linear: bias " + bias.toString() + " must hold " + std::to_string(n) + " elements");
   if (!out.isContiguous()) throw std::invalid_argument("linear: the output must be contiguous");
-  Tensor xd = x.contiguous(), wd = weight.contiguous();
-  Tensor bd = bias.defined() ? bias.contiguous() : Tensor();
   GemmProblem p;
   p.dtype = x.dtype();
+  Tensor xd = x.dim() == 2 ? operandFor(x, p.trans_a, p.lda) : x.contiguous();
+  Tensor wd = weight.contiguous();
+  p.trans_b = true;  // weight is [n, k]
+  if (weight.dim() == 2) {
+    bool held_transposed = false;  // the weight's memory holds [k, n]: no transpose for cuBLASLt
+    wd = operandFor(weight, held_transposed, p.ldb);
+    p.trans_b = !held_transposed;
+  }
+  Tensor bd = bias.defined() ? bias.contiguous() : Tensor();
   p.m = xd.numel() / std::max<int64_t>(k, 1);
   if (k == 0) p.m = numelOf(std::vector<int64_t>(x.shape().begin(), x.shape().end() - 1));
   p.n = n;
   p.k = k;
-  p.trans_b = true;  // weight is [n, k]
   gemm(device, p, xd.data(), wd.data(), out.data(), bd.defined() ? bd.data() : nullptr);
 }
 

@@ -471,6 +471,70 @@ TEST(CudaExecutorMatmul, LinearWithAndWithoutFusedBias) {
   }
 }
 
+// Operands held transposed (a permuted view, as the weight gradient's dy^T) or as a slice with a
+// wider row stride reach cuBLASLt as a transpose flag and a leading dimension instead of a copy;
+// the numbers must equal the CPU's for each layout of A, B and the linear's x and weight.
+TEST(CudaExecutorMatmul, TransposedAndStridedOperandsWithoutCopies) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(11);
+  // layout 0: transposed in memory; 1: a column slice of a wider matrix (ld = cols + 8); 2: odd ld (copied)
+  auto relayout = [](const Tensor& t, int layout) {
+    Tensor d = t.to(Device::cuda(0));
+    if (t.dim() != 2) return d;
+    const int64_t rows = t.size(0), cols = t.size(1);
+    if (layout == 0) {
+      Tensor tr = Tensor::empty({cols, rows}, t.dtype(), Device::cuda(0));
+      tr.permute({1, 0}).copyFrom(d);
+      return tr.permute({1, 0});
+    }
+    const int64_t pad = layout == 1 ? 8 : 3;
+    Tensor wide = Tensor::empty({rows, cols + pad}, t.dtype(), Device::cuda(0));
+    Tensor view = wide.slice(1, 0, cols);
+    view.copyFrom(d);
+    return view;
+  };
+  for (DataType dt : kFloatTypes) {
+    for (int layout = 0; layout < 3; ++layout) {
+      {
+        Case c;
+        c.kind = Segment::Kind::Matmul;
+        TensorView* a = c.input(dt, {40, 72}, rng, -1, 1);
+        TensorView* b = c.input(dt, {72, 56}, rng, -1, 1);
+        c.outputs = {ops::matmul(a, b)};
+        c.to_device = [&](const Tensor& t) { return relayout(t, layout); };
+        c.check("matmul " + toString(dt) + " layout " + std::to_string(layout), /*loose=*/true);
+      }
+      {
+        Case c;
+        c.kind = Segment::Kind::Matmul;
+        TensorView* x = c.input(dt, {24, 64}, rng, -1, 1);
+        TensorView* w = c.input(dt, {48, 64}, rng, -1, 1);
+        TensorView* b = c.input(dt, {48}, rng, -1, 1);
+        c.outputs = {ops::linear(x, w, b)};
+        c.to_device = [&](const Tensor& t) { return relayout(t, layout); };
+        c.check("linear " + toString(dt) + " layout " + std::to_string(layout), /*loose=*/true);
+      }
+    }
+  }
+}
+
+// A product above the autotuning threshold (2·m·n·k >= 1e9): its first run times the heuristic's
+// candidates on the real buffers, and the result must still be the product (bf16, fp32 accumulate).
+TEST(CudaExecutorMatmul, AutotunedLargeProductIsCorrect) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  for (bool bias : {false, true}) {
+    Case c;
+    c.kind = Segment::Kind::Matmul;
+    TensorView* x = c.input(DataType::BFloat16, {1024, 512}, rng, -1, 1);
+    TensorView* w = c.input(DataType::BFloat16, {1024, 512}, rng, -1, 1);
+    TensorView* b = bias ? c.input(DataType::BFloat16, {1024}, rng, -1, 1) : nullptr;
+    c.outputs = {ops::linear(x, w, b)};
+    c.check(std::string("autotuned linear") + (bias ? " +bias" : ""), /*loose=*/true);
+    c.check(std::string("autotuned linear, cached plan") + (bias ? " +bias" : ""), /*loose=*/true);
+  }
+}
+
 TEST(CudaExecutorViews, PermuteBroadcastReshapeFeedPointwise) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(10);

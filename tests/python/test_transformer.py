@@ -106,3 +106,47 @@ def test_torch_layer_trains_a_toy_regression():
 def test_bad_configuration_is_a_clear_error():
     with pytest.raises(ValueError, match="not divisible by heads"):
         TransformerForward(TransformerConfig(batch=1, sequence=4, heads=3, hidden=16))._ensure_defined()
+
+
+def _cuda_ready():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda_ready(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+def test_cuda_bf16_layer_matches_float64_reference():
+    # The layer as the GPU benchmark runs it (bf16 storage, cuBLASLt GEMMs with fused bias, cuDNN
+    # attention, NVRTC normalization and pointwise kernels, the weight gradients' transposed
+    # operands read in place), at a size where cuDNN's head-dim rules hold; against float64 from
+    # the same bf16-rounded inputs and the masks the forward returns.
+    import torch
+    cfg = TransformerConfig(batch=2, sequence=96, heads=2, hidden=128, dtype=DataType.BFloat16, dropout_p=0.1,
+                            attention_dropout_p=0.0)
+    # Weights at 1/sqrt(fan_in), as a trained layer has them: bf16 rounding then stays small
+    # against the values instead of growing with each product.
+    rng = np.random.default_rng(11)
+    params = {n: ((rng.standard_normal(s) / np.sqrt(s[-1])) if len(s) > 1 else
+                  (1.0 if n.startswith("ln") and n.endswith("weight") else 0.0) + 0.1 * rng.standard_normal(s))
+              .astype(np.float32) for n, s in cfg.parameter_shapes().items()}
+    x = rng.standard_normal((cfg.batch, cfg.sequence, cfg.hidden)).astype(np.float32)
+    dout = np.random.default_rng(12).standard_normal(x.shape).astype(np.float32)
+    dev = {n: torch.from_numpy(a).to(torch.bfloat16).cuda() for n, a in dict(params, x=x, grad_out=dout).items()}
+    fwd, bwd = TransformerForward(cfg), TransformerBackward(cfg)
+    outs = dict(zip(FORWARD_OUTPUTS, fwd.execute([dev["x"]] + [dev[n] for n in PARAMETERS])))
+    assert outs["out"].is_cuda and outs["out"].dtype == torch.bfloat16
+    grads = dict(zip(BACKWARD_OUTPUTS, bwd.execute([dict(outs, **dev)[n] for n in bwd.input_names()])))
+    as64 = {n: t.double().cpu().numpy() for n, t in dev.items()}
+    m1, m2 = (outs[n].cpu().numpy().astype(bool) for n in ("attn_dropout_mask", "mlp_dropout_mask"))
+    assert 0.8 < m1.mean() < 0.97
+    p64 = {n: as64[n] for n in PARAMETERS}
+    r = ref.forward(as64["x"], p64, m1, m2, cfg)
+    for name in ("qkv", "sdpa_out", "attn_out", "fc1_out", "out"):
+        got = outs[name].double().cpu().numpy()
+        np.testing.assert_allclose(got, r[name], rtol=5e-2, atol=3e-2 * np.abs(r[name]).max(), err_msg=name)
+    g = ref.backward(as64["grad_out"], as64["x"], p64, m1, m2, cfg)
+    for name in BACKWARD_OUTPUTS:
+        got = grads[name].double().cpu().numpy()
+        np.testing.assert_allclose(got, g[name], rtol=5e-2, atol=3e-2 * np.abs(g[name]).max(), err_msg=name)
