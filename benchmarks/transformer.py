@@ -13,6 +13,7 @@ CUDA); TFLOP/s count the layer's GEMM and attention FLOPs (fwd: 24 b s e^2 + 4 b
 for causal attention; bwd: twice the forward's).
 """
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -182,14 +183,36 @@ def trace_breakdown(path):
     return total
 
 
+def kernel_profile(label, fn, sync, top=8):
+    """One call of fn under torch.profiler: wall time, the GPU's busy time (kernels and copies, all
+    streams, so host gaps show as wall - busy), and the kernels that take most of it."""
+    from torch.profiler import ProfilerActivity, profile
+    sync()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    wall = (time.perf_counter() - start) * 1e3
+    by_name, busy = {}, 0.0
+    for e in prof.events():
+        us = getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) or 0.0
+        if str(getattr(e, "device_type", "")).endswith("CUDA") and us:
+            busy += us / 1e3
+            by_name[e.name] = by_name.get(e.name, 0.0) + us / 1e3
+    tops = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    print(f"# {label:<10} {wall:>8.2f} {busy:>12.2f}  " + "; ".join(f"{n[:60]} {ms:.3f}" for n, ms in tops))
+
+
 def run_cuda(args):
     comm = Communicator.instance()
     d, rank = comm.size, comm.rank
     torch.cuda.set_device(rank % torch.cuda.device_count())
-    # Attention dropout stays off on both sides: meshfuse's CUDA attention refuses dropout (cuDNN's
-    # mask cannot be made to match the CPU's; see BENCHMARKS.md). The residual dropouts stay on.
+    # Attention dropout is --attention-dropout on both sides (default 0: meshfuse hands cuDNN its own
+    # Philox mask, an [b, h, s, s] tensor, where torch's kernels draw theirs in-kernel; the
+    # residual dropouts are --dropout on both sides).
     cfg = tf.TransformerConfig(batch=args.batch, sequence=args.sequence, heads=args.heads, hidden=args.hidden,
-                               dtype=DataType.BFloat16, dropout_p=args.dropout, attention_dropout_p=0.0)
+                               dtype=DataType.BFloat16, dropout_p=args.dropout,
+                               attention_dropout_p=args.attention_dropout)
     schedule = "tp" if d > 1 else "none"
     mesh = tf.mesh_for(schedule, d) if d > 1 else None
     fwd = tf.TransformerForward(cfg, mesh, schedule)
@@ -229,10 +252,18 @@ def run_cuda(args):
     trace = os.path.join(args.trace_dir, "transformer_bwd_trace.json")
     bwd.execute(bwd_ins, trace=trace)
     bwd_parts = trace_breakdown(trace)
+    if args.profile and rank == 0:
+        print(f"# {'pass':<10} {'wall ms':>8} {'GPU busy ms':>12}  top kernels by GPU time (torch.profiler, CUPTI)")
+        for label, fn in (("mf fwd", lambda: fwd.execute(ins)), ("mf bwd", lambda: bwd.execute(bwd_ins)),
+                          ("torch fwd", lambda: torch_layer(xt, params, cfg, d)),
+                          ("torch step", lambda: step(torch_layer))):
+            with torch.no_grad() if label == "torch fwd" else contextlib.nullcontext():
+                kernel_profile(label, fn, sync)
     if rank != 0:
         return
     print(f"# transformer layer, {torch.cuda.get_device_name()} x{d} ({schedule}), b={cfg.batch} s={cfg.sequence} "
-          f"e={cfg.hidden} h={cfg.heads} bf16, causal, dropout {cfg.dropout_p}")
+          f"e={cfg.hidden} h={cfg.heads} bf16, causal, dropout {cfg.dropout_p}, attention dropout "
+          f"{cfg.sdpa_dropout_p}")
     f_fl, b_fl = layer_flops(cfg, False) / d, layer_flops(cfg, True) / d
     print(f"{'pass':<22}{'meshfuse ms':>12}{'eager ms':>10}{'compile ms':>12}{'vs eager':>10}{'vs compile':>12}"
           f"{'mf TFLOP/s':>12}")
@@ -258,6 +289,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--trace-dir", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--attention-dropout", type=float, default=0.0,
+                    help="dropout inside attention, both sides (CUDA; default 0)")
+    ap.add_argument("--profile", action="store_true",
+                    help="CUDA: also profile one call of each pass (GPU busy time and top kernels)")
     args = ap.parse_args()
     if args.device == "cpu":
         run_cpu(args)

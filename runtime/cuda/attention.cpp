@@ -5,7 +5,6 @@
 // as an input (dropout_mask.h says why), so CPU and CUDA drop the same elements.
 #include "runtime/cuda/attention.h"
 
-#include <cstdlib>
 #include <stdexcept>
 
 #include "ops/attention.h"
@@ -179,12 +178,18 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
   return built;
 }
 
-int64_t readScalar(const Tensor& t) { return t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0]; }
+// The Philox seed and offset travel as 0-dim host tensors (as nvFuser's and torch's flash attention
+// return them): a device copy would synchronize the stream, and the backward, which reads them on
+// the host to build the mask, would wait there for every GEMM queued before it.
+int64_t readScalar(const Tensor& t) {
+  return t.device().type == DeviceType::CPU ? t.contiguous().dataAs<int64_t>()[0]
+                                            : t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0];
+}
 
-Tensor scalarTensor(int64_t value, int device) {
+Tensor scalarTensor(int64_t value) {
   Tensor t = Tensor::empty({}, DataType::Int);
   t.dataAs<int64_t>()[0] = value;
-  return t.to(Device::cuda(device));
+  return t;
 }
 
 }  // namespace
@@ -211,15 +216,9 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     pack[built->tensors.at(name)] = keep.back().data();
   };
   const bool dropout = p.dropout_p > 0;
-  // cuDNN's in-kernel dropout cannot give the CPU's mask, and its custom-mask input (below) ran on the
-  // H200 with cuDNN 9.19 but did not give the numbers of the mask it was handed (seen 2026-12-03):
-  // until that is understood, dropout on CUDA is an error rather than a silently different mask.
-  // MESHFUSE_CUDNN_DROPOUT_MASK=1 runs the custom-mask path (to investigate it).
-  if (dropout && std::getenv("MESHFUSE_CUDNN_DROPOUT_MASK") == nullptr)
-    throw UserError(toString(e.op()) +
-                    " on CUDA tensors with dropout_p > 0 is not supported yet: cuDNN's dropout "
-                    "does not reproduce meshfuse's Philox mask (the one CPU tensors use); use dropout_p=0 on CUDA or "
-                    "run on CPU tensors");
+  // cuDNN's in-kernel dropout draws its mask in a layout of its own, so the CPU could not give the
+  // same one; its custom-mask input takes meshfuse's Philox mask instead ([b, h, s_q, s_kv] in the io
+  // dtype: memory O(s^2) per head while dropout is on, the price of one mask on both devices).
   float dropout_scale = static_cast<float>(1.0 / (1.0 - p.dropout_p));
   float dropout_scale_inv = static_cast<float>(1.0 - p.dropout_p);
   if (dropout) {
@@ -236,8 +235,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     Tensor lse = Tensor::empty({p.batch, p.heads, p.seq_q}, DataType::Float, dev);
     pack[built->tensors.at("o")] = o.data();
     pack[built->tensors.at("stats")] = lse.data();
-    outputs = {o, lse, scalarTensor(static_cast<int64_t>(p.seed), device),
-               scalarTensor(static_cast<int64_t>(p.offset), device)};
+    outputs = {o, lse, scalarTensor(static_cast<int64_t>(p.seed)), scalarTensor(static_cast<int64_t>(p.offset))};
   } else {
     bind("dO", tensors[kBwdGradOut]);
     bind("q", tensors[kBwdQ]);

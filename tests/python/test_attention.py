@@ -265,7 +265,7 @@ def test_cuda_matches_float64_reference(rng, causal, d):
     b, h, sq, skv = 2, 3, 200, 330
     q, k, v = qkv(rng, b, h, sq, skv, d)
     go = rng.standard_normal(q.shape).astype(np.float32)
-    for p in (0.0,):
+    for p in (0.0, 0.2):
         shapes = [q.shape, k.shape, v.shape, go.shape]
         cuda_in = [torch.from_numpy(x).to(torch.bfloat16).cuda() for x in (q, k, v, go)]
         res = backward_fusion(shapes, dtype=BF16, dropout_p=p, is_causal=causal).execute(cuda_in)
@@ -279,15 +279,28 @@ def test_cuda_matches_float64_reference(rng, causal, d):
             np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * max(1.0, np.abs(want).max()))
 
 
-@pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU")
-def test_cuda_dropout_is_a_clear_error_until_cudnn_matches_the_philox_mask():
-    # cuDNN's custom dropout mask input did not reproduce the mask it was given on the H200
-    # (runtime/cuda/attention.cpp); a silently different mask would break the seed contract.
+@pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+def test_cuda_drops_the_elements_its_seed_implies():
+    # With V = identity (s_kv = d) the output is the dropped, rescaled probability matrix itself, so
+    # the elements cuDNN zeroed are read off directly. They must be exactly those that the returned
+    # (philox_seed, philox_offset) imply through fd.ops.uniform, the mask the CPU kernel applies
+    # (test_dropout_mask_is_the_one_the_seed_implies): meshfuse's Philox mask is cuDNN's input.
     import torch
-    x = torch.zeros([1, 2, 16, 64], dtype=torch.bfloat16, device="cuda")
-    fd = forward_fusion([x.shape] * 3, dtype=BF16, dropout_p=0.1)
-    with pytest.raises(ValueError, match="dropout_p > 0 is not supported yet"):
-        fd.execute([x, x, x])
+    rng = np.random.default_rng(21)
+    b, h, s, p = 2, 3, 64, 0.3
+    q, k = (rng.standard_normal([b, h, s, s]).astype(np.float32) * 0.3 for _ in range(2))
+    v = np.broadcast_to(np.eye(s, dtype=np.float32), [b, h, s, s]).copy()
+    fd = forward_fusion([q.shape] * 3, dtype=BF16, dropout_p=p, is_causal=True)
+    cuda_in = [torch.from_numpy(x).to(torch.bfloat16).cuda() for x in (q, k, v)]
+    out, _, seed, offset = fd.execute(cuda_in)
+    out = out.float().cpu().numpy()
+    keep = dropout_keep([b, h, s, s], seed, offset, p)
+    causal = np.broadcast_to(np.tril(np.ones([s, s], dtype=bool)), keep.shape)
+    assert 0.6 < keep[causal].mean() < 0.8, "about 1 - p of the causal entries kept"
+    np.testing.assert_array_equal(out[causal] != 0, keep[causal])
+    rq, rk = (t.float().cpu().numpy() for t in cuda_in[:2])
+    ref, _, _ = attention_reference(rq, rk, v, True, keep=keep, p=p)
+    np.testing.assert_allclose(out, ref, atol=1e-2, rtol=2e-2)
 
 
 @pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU")
