@@ -178,19 +178,7 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
   return built;
 }
 
-// The Philox seed and offset travel as 0-dim host tensors (as nvFuser's and torch's flash attention
-// return them): a device copy would synchronize the stream, and the backward, which reads them on
-// the host to build the mask, would wait there for every GEMM queued before it.
-int64_t readScalar(const Tensor& t) {
-  return t.device().type == DeviceType::CPU ? t.contiguous().dataAs<int64_t>()[0]
-                                            : t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0];
-}
-
-Tensor scalarTensor(int64_t value) {
-  Tensor t = Tensor::empty({}, DataType::Int);
-  t.dataAs<int64_t>()[0] = value;
-  return t;
-}
+int64_t readScalar(const Tensor& t) { return t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0]; }
 
 }  // namespace
 
@@ -199,9 +187,22 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   const bool forward = e.op() == OpType::SdpaFwd;
   const DataType dtype = tensors[forward ? size_t{kQ} : size_t{kBwdQ}].dtype();
   checkSupported(e, p, dtype);
-  if (!forward) {
-    p.seed = static_cast<uint64_t>(readScalar(tensors[kBwdSeed]));
-    p.offset = static_cast<uint64_t>(readScalar(tensors[kBwdOffset]));
+  // The backward needs the forward's Philox seed and offset only to rebuild the dropout mask. Host
+  // tensors are read here; device ones (the forward's outputs) are read by the mask kernel itself,
+  // because copying them to the host would wait for every kernel queued before this one.
+  const void* seed_at = nullptr;
+  const void* offset_at = nullptr;
+  if (!forward && p.dropout_p > 0) {
+    const Tensor& seed = tensors[kBwdSeed];
+    const Tensor& offset = tensors[kBwdOffset];
+    if (seed.device() == Device::cuda(device) && offset.device() == Device::cuda(device) &&
+        seed.dtype() == DataType::Int && offset.dtype() == DataType::Int) {
+      seed_at = seed.data();
+      offset_at = offset.data();
+    } else {
+      p.seed = static_cast<uint64_t>(readScalar(seed));
+      p.offset = static_cast<uint64_t>(readScalar(offset));
+    }
   }
   DeviceGuard guard(device);
   const Device dev = Device::cuda(device);
@@ -222,7 +223,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   float dropout_scale = static_cast<float>(1.0 / (1.0 - p.dropout_p));
   float dropout_scale_inv = static_cast<float>(1.0 - p.dropout_p);
   if (dropout) {
-    bind("mask", dropoutMask(device, p, dtype));
+    bind("mask", dropoutMask(device, p, dtype, seed_at, offset_at));
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
     if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
   }
@@ -235,7 +236,8 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     Tensor lse = Tensor::empty({p.batch, p.heads, p.seq_q}, DataType::Float, dev);
     pack[built->tensors.at("o")] = o.data();
     pack[built->tensors.at("stats")] = lse.data();
-    outputs = {o, lse, scalarTensor(static_cast<int64_t>(p.seed)), scalarTensor(static_cast<int64_t>(p.offset))};
+    outputs = {o, lse, deviceInt64Scalar(device, static_cast<int64_t>(p.seed)),
+               deviceInt64Scalar(device, static_cast<int64_t>(p.offset))};
   } else {
     bind("dO", tensors[kBwdGradOut]);
     bind("q", tensors[kBwdQ]);

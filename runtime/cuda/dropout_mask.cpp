@@ -14,11 +14,17 @@ const char* const kKernel = R"(
 struct Params {
   unsigned short* mask;
   unsigned long long seed, offset;
+  const unsigned long long* seed_at;    // when set, the seed and offset are read from device memory
+  const unsigned long long* offset_at;  // (the forward's 0-dim outputs), with no host round trip
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
   float threshold;
   unsigned short one;
 };
 extern "C" __global__ void meshfuse_dropout_mask(Params p) {
+  if (p.seed_at != nullptr) {
+    p.seed = *p.seed_at;
+    p.offset = *p.offset_at;
+  }
   const long long stride = (long long)gridDim.x * blockDim.x;
   for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < p.numel; e += stride) {
     const long long j = e % p.seq_kv, rest = e / p.seq_kv;
@@ -36,6 +42,8 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
 struct Params {
   void* mask;
   unsigned long long seed, offset;
+  const void* seed_at;
+  const void* offset_at;
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
   float threshold;
   unsigned short one;
@@ -45,11 +53,13 @@ struct Params {
 
 std::string dropoutMaskSource() { return kernelPrelude() + philoxSource() + kKernel; }
 
-Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype) {
+Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at, const void* offset_at) {
   Tensor mask = Tensor::empty({p.batch, p.heads, p.seq_q, p.seq_kv}, dtype, Device::cuda(device));
   Params params{mask.data(),
                 p.seed,
                 p.offset,
+                seed_at,
+                offset_at,
                 p.heads,
                 p.seq_q,
                 p.seq_kv,
@@ -65,6 +75,32 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype) {
   const int64_t blocks = std::min<int64_t>((params.numel + 255) / 256, int64_t{multiprocessorCount(device)} * 8);
   launchKernel(kernel, static_cast<unsigned>(blocks), 256, currentStream(device), &params);
   return mask;
+}
+
+namespace {
+const char* const kStoreKernel = R"(
+struct StoreParams {
+  long long* out;
+  long long value;
+};
+extern "C" __global__ void meshfuse_store_int64(StoreParams p) { *p.out = p.value; }
+)";
+
+struct StoreParams {
+  void* out;
+  long long value;
+};
+}  // namespace
+
+std::string storeInt64Source() { return kStoreKernel; }
+
+Tensor deviceInt64Scalar(int device, int64_t value) {
+  Tensor t = Tensor::empty({}, DataType::Int, Device::cuda(device));
+  StoreParams params{t.data(), static_cast<long long>(value)};
+  KernelFunction kernel = cachedKernel(
+      device, "meshfuse_store_int64", [] { return storeInt64Source(); }, "meshfuse_store_int64");
+  launchKernel(kernel, 1, 1, currentStream(device), &params);
+  return t;
 }
 
 }  // namespace meshfuse::cuda

@@ -15,6 +15,15 @@ namespace meshfuse::cuda {
 std::string dropoutMaskSource();
 
 // A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half or BFloat16) on `device`, of 0 and 1.
-Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype);
+// The Philox seed and offset are p.seed and p.offset, or, when `seed_at`/`offset_at` are given, the
+// int64 values at those device addresses (read by the kernel: the host never waits for them).
+Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at = nullptr,
+                   const void* offset_at = nullptr);
+
+// A 0-dim Int tensor on `device` holding `value`, written by a one-thread kernel on the current
+// stream (a host-to-device copy from pageable memory would synchronize the stream).
+Tensor deviceInt64Scalar(int device, int64_t value);
+// That kernel's source (for the code generation tests).
+std::string storeInt64Source();
 
 }  // namespace meshfuse::cuda

@@ -321,6 +321,7 @@ TEST(NvrtcErrors, CompileErrorsCarryTheLog) {
 TEST(DropoutMaskCodegen, CompilesForSm90) {
   const std::string cubin = cuda::compileToCubin(cuda::dropoutMaskSource(), "dropout_mask", "sm_90");
   EXPECT_FALSE(cubin.empty());
+  EXPECT_FALSE(cuda::compileToCubin(cuda::storeInt64Source(), "store_int64", "sm_90").empty());
 }
 
 }  // namespace
