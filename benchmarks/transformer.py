@@ -147,7 +147,7 @@ def run_cpu(args):
                      timed(lambda: torch_layer(xt, params, cfg, d), barrier, args.warmup, args.iters)))
 
     def mf_step():
-        layer.zero_grad()
+        layer.zero_grad(set_to_none=True)  # as the torch side's p.grad = None (torch 1.13 would zero-fill)
         layer(x).backward(dy)
 
     def torch_step():
