@@ -1,13 +1,16 @@
 // Tensor copies that involve CUDA tensors (the cudaCopyTensor hook of runtime/tensor.h): a strided,
 // converting copy is a one-op pointwise program (Set or Cast) run by the generated kernels; a CPU
-// side is staged through a contiguous host tensor of the source's dtype.
+// side is staged through a contiguous host tensor of the source's dtype. A same-dtype copy whose
+// last axis is contiguous takes the vectorized kernel of strided_copy.h instead.
 #include "runtime/cuda/pointwise_kernel.h"
+#include "runtime/cuda/strided_copy.h"
 #include "runtime/tensor.h"
 
 namespace meshfuse {
 
 namespace {
 void deviceToDevice(const Tensor& dst, const Tensor& src) {
+  if (cuda::tryVectorizedCopy(dst, src)) return;
   cuda::PointwiseProgram program;
   program.inputs = {src.dtype()};
   program.instrs.push_back({src.dtype() == dst.dtype() ? OpType::Set : OpType::Cast,

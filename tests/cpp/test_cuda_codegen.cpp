@@ -14,6 +14,7 @@
 #include "runtime/cuda/normalization.h"
 #include "runtime/cuda/pointwise_codegen.h"
 #include "runtime/cuda/reduction.h"
+#include "runtime/cuda/strided_copy.h"
 
 namespace meshfuse {
 namespace {
@@ -322,6 +323,10 @@ TEST(DropoutMaskCodegen, CompilesForSm90) {
   const std::string cubin = cuda::compileToCubin(cuda::dropoutMaskSource(), "dropout_mask", "sm_90");
   EXPECT_FALSE(cubin.empty());
   EXPECT_FALSE(cuda::compileToCubin(cuda::storeInt64Source(), "store_int64", "sm_90").empty());
+}
+
+TEST(VectorizedCopyCodegen, CompilesForSm90) {
+  EXPECT_FALSE(cuda::compileToCubin(cuda::vectorizedCopySource(), "vector_copy", "sm_90").empty());
 }
 
 }  // namespace

@@ -535,6 +535,62 @@ TEST(CudaExecutorMatmul, AutotunedLargeProductIsCorrect) {
   }
 }
 
+// Strided copies to contiguous (Tensor::contiguous on CUDA): the vectorized kernel where the last
+// axis is contiguous and 16-byte aligned (attention's head merge, a column slice, a batch of them),
+// the generic kernel where not (odd inner extent, unaligned slice, transposed last axis). Every
+// result must equal the CPU's copy bit for bit.
+TEST(CudaCopies, StridedToContiguousMatchesTheCpuExactly) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(13);
+  struct View {
+    std::vector<int64_t> shape;
+    std::function<Tensor(const Tensor&)> make;
+    std::string name;
+  };
+  const std::vector<View> views = {
+      {{2, 6, 5, 16},
+       [](const Tensor& t) {
+         return t.permute({0, 2, 1, 3});
+       },
+       "head merge"},
+      {{3, 40, 24}, [](const Tensor& t) { return t.slice(2, 8, 24); }, "aligned column slice"},
+      {{3, 40, 24}, [](const Tensor& t) { return t.slice(2, 3, 19); }, "unaligned column slice"},
+      {{4, 7, 6},
+       [](const Tensor& t) {
+         return t.permute({1, 0, 2});
+       },
+       "odd inner extent"},
+      {{8, 16},
+       [](const Tensor& t) {
+         return t.permute({1, 0});
+       },
+       "transposed"},
+      {{2, 3, 4, 5, 2, 16},
+       [](const Tensor& t) {
+         return t.permute({3, 0, 2, 1, 4, 5});
+       },
+       "six axes"},
+      {{2, 3, 4, 5, 2, 16},
+       [](const Tensor& t) {
+         return t.permute({5, 0, 2, 1, 4, 3});
+       },
+       "six axes, last moved"},
+      {{70000, 2, 8},
+       [](const Tensor& t) {
+         return t.permute({1, 0, 2});
+       },
+       "long"}};
+  for (DataType dt : {DataType::Float, DataType::BFloat16, DataType::Half, DataType::Double}) {
+    for (const View& v : views) {
+      Tensor host = randomTensor(v.shape, dt, rng, -1, 1);
+      Tensor expected = v.make(host).contiguous();
+      Tensor got = v.make(host.to(Device::cuda(0))).contiguous();
+      ASSERT_TRUE(got.isContiguous());
+      expectClose(expected, got, v.name + " " + toString(dt));
+    }
+  }
+}
+
 TEST(CudaExecutorViews, PermuteBroadcastReshapeFeedPointwise) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(10);
