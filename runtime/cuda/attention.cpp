@@ -85,9 +85,14 @@ struct Built {
   std::shared_ptr<fe::graph::Graph> graph;
   std::map<std::string, TensorAttr> tensors;
   int64_t workspace = 0;
+  bool strided_inputs = false;  // false: q, k, v (o, dO) are bound as dense copies
 };
 
-using Key = std::tuple<int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, bool>;
+// The strides of q, k, v (forward; also o and dO backward) as the call holds them, by name.
+using InputStrides = std::map<std::string, std::vector<int64_t> >;
+
+using Key =
+    std::tuple<int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, bool, InputStrides>;
 
 std::vector<int64_t> rowMajor(const std::vector<int64_t>& dims) {
   std::vector<int64_t> strides(dims.size(), 1);
@@ -95,9 +100,12 @@ std::vector<int64_t> rowMajor(const std::vector<int64_t>& dims) {
   return strides;
 }
 
-TensorAttr tensor(Built& b, const std::string& name, const std::vector<int64_t>& dims, fe::DataType_t dtype) {
-  auto t = b.graph->tensor(
-      fe::graph::Tensor_attributes().set_name(name).set_dim(dims).set_stride(rowMajor(dims)).set_data_type(dtype));
+TensorAttr tensor(Built& b, const std::string& name, const std::vector<int64_t>& dims, fe::DataType_t dtype,
+                  const InputStrides* strides = nullptr) {
+  auto given = strides ? strides->find(name) : InputStrides::const_iterator();
+  const std::vector<int64_t> st = strides && given != strides->end() ? given->second : rowMajor(dims);
+  auto t =
+      b.graph->tensor(fe::graph::Tensor_attributes().set_name(name).set_dim(dims).set_stride(st).set_data_type(dtype));
   b.tensors[name] = t;
   return t;
 }
@@ -119,8 +127,10 @@ void output(Built& b, const std::string& name, const TensorAttr& t, const std::v
   b.tensors[name] = t;
 }
 
-std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const AttentionParams& p, DataType dtype) {
+std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const AttentionParams& p, DataType dtype,
+                             const InputStrides* strides) {
   auto b = std::make_shared<Built>();
+  b->strided_inputs = strides != nullptr;
   b->graph = std::make_shared<fe::graph::Graph>();
   const fe::DataType_t io = dtype == DataType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
   b->graph->set_io_data_type(io)
@@ -129,7 +139,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
   const std::vector<int64_t> qd{p.batch, p.heads, p.seq_q, p.head_dim}, kd{p.batch, p.heads, p.seq_kv, p.head_dim},
       vd{p.batch, p.heads, p.seq_kv, p.head_dim_v}, od{p.batch, p.heads, p.seq_q, p.head_dim_v},
       sd{p.batch, p.heads, p.seq_q, 1}, md{p.batch, p.heads, p.seq_q, p.seq_kv};
-  auto q = tensor(*b, "q", qd, io), k = tensor(*b, "k", kd, io), v = tensor(*b, "v", vd, io);
+  auto q = tensor(*b, "q", qd, io, strides), k = tensor(*b, "k", kd, io, strides), v = tensor(*b, "v", vd, io, strides);
   const bool dropout = p.dropout_p > 0;
   if (forward) {
     auto attrs = fe::graph::SDPA_attributes()
@@ -142,7 +152,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
     output(*b, "o", o, od, io);
     output(*b, "stats", stats, sd, fe::DataType_t::FLOAT);
   } else {
-    auto o = tensor(*b, "o", od, io), dO = tensor(*b, "dO", od, io);
+    auto o = tensor(*b, "o", od, io, strides), dO = tensor(*b, "dO", od, io, strides);
     auto stats = tensor(*b, "stats", sd, fe::DataType_t::FLOAT);
     auto attrs = fe::graph::SDPA_backward_attributes()
                      .set_name("sdpfa_bwd")
@@ -164,18 +174,47 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
   return b;
 }
 
-std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionParams& p, DataType dtype) {
+// The graph for these parameters and input strides. cuDNN reads strided q, k, v (o, dO) in place,
+// as the transformer's q/k/v views of the fused qkv projection arrive; when it refuses a layout,
+// the graph is built for dense inputs instead (and the call binds dense copies).
+std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionParams& p, DataType dtype,
+                                   const InputStrides& strides) {
   static std::mutex mu;
   static std::map<Key, std::shared_ptr<Built> > cache;
   const Key key{
       device,   forward, static_cast<int>(dtype), p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.head_dim_v,
-      p.causal, p.scale, p.dropout_p > 0};
+      p.causal, p.scale, p.dropout_p > 0,         strides};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  auto built = build(handleFor(device), forward, p, dtype);
+  std::shared_ptr<Built> built;
+  if (!strides.empty()) {
+    try {
+      built = build(handleFor(device), forward, p, dtype, &strides);
+    } catch (const std::runtime_error&) {
+      built = nullptr;  // this layout is not supported: dense copies below
+    }
+  }
+  if (!built) built = build(handleFor(device), forward, p, dtype, nullptr);
   cache.emplace(key, built);
   return built;
+}
+
+// The strides of `t` when cuDNN can read it in place (4-D, last axis contiguous, the other strides
+// and the address 16-byte multiples); empty when it must be made dense.
+std::vector<int64_t> inPlaceStrides(const Tensor& t) {
+  if (t.dim() != 4 || t.isContiguous()) return {};
+  const int64_t per16 = 16 / static_cast<int64_t>(dataTypeSize(t.dtype()));
+  const std::vector<int64_t>& st = t.strides();
+  if (st[3] != 1 && t.size(3) != 1) return {};
+  for (int d = 0; d < 3; ++d)
+    if (st[d] < 0 || (t.size(d) != 1 && st[d] % per16 != 0)) return {};
+  if (reinterpret_cast<uintptr_t>(t.data()) % 16 != 0) return {};
+  std::vector<int64_t> out = st;
+  out[3] = 1;
+  for (int d = 0; d < 3; ++d)  // an axis of extent 1 gets a canonical stride (it is never stepped)
+    if (t.size(d) == 1) out[d] = 0;
+  return out;
 }
 
 int64_t readScalar(const Tensor& t) { return t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0]; }
@@ -206,14 +245,28 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   }
   DeviceGuard guard(device);
   const Device dev = Device::cuda(device);
-  auto built = cachedGraph(device, forward, p, dtype);
+  // The inputs cuDNN may read in place, by graph name.
+  const std::vector<std::pair<const char*, size_t> > strided_inputs =
+      forward ? std::vector<std::pair<const char*, size_t> >{{"q", kQ}, {"k", kK}, {"v", kV}}
+              : std::vector<std::pair<const char*, size_t> >{
+                    {"dO", kBwdGradOut}, {"q", kBwdQ}, {"k", kBwdK}, {"v", kBwdV}, {"o", kBwdOut}};
+  InputStrides strides;
+  bool any_strided = false;
+  for (const auto& [name, index] : strided_inputs) {
+    std::vector<int64_t> st = inPlaceStrides(tensors[index]);
+    any_strided = any_strided || !st.empty();
+    strides[name] = st.empty() ? rowMajor(tensors[index].shape()) : st;
+  }
+  if (!any_strided) strides.clear();  // every input dense: the plain graph
+  auto built = cachedGraph(device, forward, p, dtype, strides);
   cudnnHandle_t handle = handleFor(device);
   if (cudnnSetStream(handle, currentStream(device)) != CUDNN_STATUS_SUCCESS)
     throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
   std::unordered_map<TensorAttr, void*> pack;
   std::vector<Tensor> keep;  // contiguous copies, kept alive until the call is queued
   auto bind = [&](const std::string& name, const Tensor& t) {
-    keep.push_back(t.contiguous());
+    const bool in_place = built->strided_inputs && strides.count(name) > 0 && !inPlaceStrides(t).empty();
+    keep.push_back(in_place ? t : t.contiguous());
     pack[built->tensors.at(name)] = keep.back().data();
   };
   const bool dropout = p.dropout_p > 0;

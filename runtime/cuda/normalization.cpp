@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -29,7 +32,6 @@ constexpr int kRegisterBudget = 96;
 constexpr int kMaxValuesPerArray = 32;
 constexpr int kItemsTarget = 4;  // 16-byte loads in flight per thread and array
 constexpr int kMultiPassThreads = 512;
-constexpr int kEpilogueBlock = 256;
 
 bool isElement(Varies v) { return v == Varies::PerElement || v == Varies::PerColumn; }
 
@@ -62,6 +64,57 @@ void describePort(const NormalizationPlan& plan, const std::vector<int64_t>& f, 
 
 int ceilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
+// The plan of a segment, memoized: the executor prepares the segment on every execution, and
+// planning (maps over every value, a few microseconds) gives the same answer for the same exprs at
+// the same shapes. The key is everything planNormalization reads: each expr's op, reduction axes
+// and keepdim, its operands and results (identity, dtype, local shape). Equal keys therefore mean an
+// equal plan even when a new fusion reuses the addresses of a freed one.
+struct PlanEntry {
+  std::optional<NormalizationPlan> plan;
+  std::string why;
+};
+
+std::shared_ptr<const PlanEntry> cachedPlan(const Segment& seg, const ShapeMap& shapes) {
+  std::string key;
+  key.reserve(seg.exprs.size() * 96);
+  auto put = [&](const auto& v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  auto val = [&](const Val* v) {
+    put(v);
+    put(static_cast<uint8_t>(v->dtype()));
+    put(static_cast<uint8_t>(v->isTensor()));
+    if (!v->isTensor()) return;
+    auto it = shapes.find(v);
+    if (it == shapes.end()) {
+      put(int64_t{-2});  // no shape: the planner rejects, and the key says so
+      return;
+    }
+    put(it->second.size());
+    key.append(reinterpret_cast<const char*>(it->second.data()), it->second.size() * sizeof(int64_t));
+  };
+  for (const Expr* e : seg.exprs) {
+    put(static_cast<int>(e->op()));
+    put(static_cast<uint8_t>(e->attrs().keepdim));
+    put(e->attrs().axes.size());
+    key.append(reinterpret_cast<const char*>(e->attrs().axes.data()), e->attrs().axes.size() * sizeof(int64_t));
+    put(e->inputs().size());
+    for (const Val* v : e->inputs()) val(v);
+    put(e->outputs().size());
+    for (const Val* v : e->outputs()) val(v);
+  }
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::shared_ptr<const PlanEntry>> plans;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+  }
+  auto entry = std::make_shared<PlanEntry>();
+  entry->plan = planNormalization(seg.exprs, shapes, &entry->why);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (plans.size() >= 512) plans.clear();  // bounded: programs come and go (tests build thousands)
+  plans.emplace(std::move(key), entry);
+  return entry;
+}
+
 }  // namespace
 
 std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, const ShapeMap& shapes,
@@ -71,9 +124,9 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
     if (why) *why = reason;
     return std::nullopt;
   };
-  std::string plan_why;
-  const auto plan = planNormalization(seg.exprs, shapes, &plan_why);
-  if (!plan) return refuse(plan_why);
+  const std::shared_ptr<const PlanEntry> entry = cachedPlan(seg, shapes);
+  if (!entry->plan) return refuse(entry->why);
+  const NormalizationPlan* plan = &*entry->plan;
   if (plan->rows == 0 || plan->row_length == 0) return refuse("an empty iteration space");
   if (outputs.size() != seg.outputs.size()) throw std::logic_error("CUDA normalization: one tensor per output");
 
@@ -203,49 +256,96 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
   };
   while (v.vec > 1 && !aligned(v.vec)) v.vec /= 2;
 
-  int arrays = p.numOuterReductions();
-  for (const auto& port : p.loads) arrays += port.varies == Varies::PerElement ? 1 : 0;
+  int held = p.numOuterReductions(), inputs = 0;
+  for (const auto& port : p.loads) inputs += port.varies == Varies::PerElement ? 1 : 0;
   for (const auto& st : p.steps)  // possibly kept in registers across passes (an upper bound)
-    arrays += st.varies == Varies::PerElement && isExpensiveNormalizationOp(st.op) ? 1 : 0;
-  const int budget = p.compute == DataType::Double ? kRegisterBudget / 2 : kRegisterBudget;
-  const int per_array = std::max(v.vec, std::min(kMaxValuesPerArray, budget / std::max(1, arrays)) / v.vec * v.vec);
-  const int items_max = per_array / v.vec;
+    held += st.varies == Varies::PerElement && isExpensiveNormalizationOp(st.op) ? 1 : 0;
+  const int words_per_value = p.compute == DataType::Double ? 2 : 1;
   const int64_t packs = (n + v.vec - 1) / v.vec;
-  if (packs > int64_t{1024} * items_max) {
-    v.items = 0;  // multi-pass: the row does not fit the registers of one block
-    v.threads_x = kMultiPassThreads;
-    v.threads_y = 1;
-    return v;
+  // The launch shape holding `arrays` row arrays per thread, if their values fit the registers a
+  // thread of that block may have (65536 per multiprocessor over the block, less ~32 for the
+  // arithmetic and addressing): wide blocks have fewer (64 at 1024 threads), where a shape that
+  // ignored it spilled.
+  auto fit = [&](int arrays, NormalizationVariant& out) {
+    const int budget = kRegisterBudget / words_per_value;
+    const int per_array = std::max(v.vec, std::min(kMaxValuesPerArray, budget / std::max(1, arrays)) / v.vec * v.vec);
+    const int items_max = per_array / v.vec;
+    if (packs > int64_t{1024} * items_max) return false;
+    int tx = ceilDiv(packs, std::min(items_max, kItemsTarget));
+    if (tx <= 32) {
+      int pow2 = 1;
+      while (pow2 < tx) pow2 *= 2;
+      tx = pow2;
+    } else {
+      tx = std::min(1024, ceilDiv(tx, 32) * 32);
+    }
+    out.threads_x = tx;
+    out.items = ceilDiv(packs, tx);
+    out.threads_y = tx < 128 ? std::max(1, 128 / tx) : 1;
+    if ((out.threads_x * out.threads_y) % 32 != 0) out.threads_y = 32 / std::min(32, out.threads_x);
+    const int cap = std::min(kRegisterBudget, 65536 / (out.threads_x * out.threads_y) - 32);
+    return arrays * out.items * v.vec * words_per_value <= cap;
+  };
+  if (fit(held + inputs, v)) return v;
+  // Too many inputs to hold the row of each: stream them (re-read per pass from L1/L2) and keep
+  // only the accumulators in registers, rather than the multi-pass variant, whose outer
+  // reductions go through the workspace element by element for every row.
+  if (inputs > 0) {
+    NormalizationVariant s = v;
+    s.stream = true;
+    if (fit(held, s)) return s;
   }
-  int tx = ceilDiv(packs, std::min(items_max, kItemsTarget));
-  if (tx <= 32) {
-    int pow2 = 1;
-    while (pow2 < tx) pow2 *= 2;
-    tx = pow2;
-  } else {
-    tx = std::min(1024, ceilDiv(tx, 32) * 32);
-  }
-  v.threads_x = tx;
-  v.items = ceilDiv(packs, tx);
-  v.threads_y = tx < 128 ? std::max(1, 128 / tx) : 1;
-  if ((v.threads_x * v.threads_y) % 32 != 0) v.threads_y = 32 / std::min(32, v.threads_x);
+  v.items = 0;  // multi-pass: the row does not fit the registers of one block
+  v.threads_x = kMultiPassThreads;
+  v.threads_y = 1;
   return v;
 }
+
+namespace {
+
+// What a launch needs besides the parameters, per (device, program, variant): the kernels and the
+// occupancy. Looked up by the binary program key on every execution (no source, no driver query).
+struct Compiled {
+  KernelFunction main = nullptr, epilogue = nullptr;
+  int per_sm = 1;
+};
+
+const Compiled& compiled(int device, const Program& p, const NormalizationVariant& v) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, std::string>, Compiled> cache;  // nodes never move: references stay valid
+  std::string key = p.key();
+  key += v.key();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cache.find({device, key}); it != cache.end()) return it->second;
+  }
+  Compiled c;
+  const std::string text_key = "normalization|" + key;
+  c.main = cachedKernel(
+      device, text_key, [&] { return generateNormalizationSource(p, v, kMainName); }, kMainName);
+  DeviceGuard guard(device);
+  MESHFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.per_sm, reinterpret_cast<const void*>(c.main),
+                                                                    v.threads_x * v.threads_y, 0));
+  c.per_sm = std::max(1, c.per_sm);
+  if (p.hasEpilogue())
+    c.epilogue = cachedKernel(
+        device, "normalization_epilogue|" + p.key(),
+        [&] { return generateNormalizationEpilogueSource(p, kEpilogueName); }, kEpilogueName);
+  std::lock_guard<std::mutex> lock(mutex);
+  return cache.emplace(std::make_pair(device, std::move(key)), c).first->second;
+}
+
+}  // namespace
 
 void runNormalization(int device, const NormalizationLaunch& L) {
   const Program& p = L.program;
   const NormalizationVariant v = chooseNormalizationVariant(L);
-  const std::string key = "normalization|" + p.key() + "|" + v.key();
-  KernelFunction kernel = cachedKernel(
-      device, key, [&] { return generateNormalizationSource(p, v, kMainName); }, kMainName);
+  const Compiled& c = compiled(device, p, v);
 
   DeviceGuard guard(device);
   // A persistent grid: as many blocks as run at once (the row groups loop), capped at 2 blocks a
   // multiprocessor when outer reductions write a partial row per block.
-  int per_sm = 0;
-  MESHFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(kernel),
-                                                                    v.threads_x * v.threads_y, 0));
-  per_sm = std::max(1, per_sm);
+  int per_sm = c.per_sm;
   const int outer = p.numOuterReductions();
   if (outer > 0) per_sm = std::min(per_sm, 2);
   const int64_t groups = (L.rows + v.threads_y - 1) / v.threads_y;
@@ -279,15 +379,13 @@ void runNormalization(int device, const NormalizationLaunch& L) {
     throw std::logic_error("CUDA normalization: parameter block size mismatch");
 
   const Stream stream = currentStream(device);
-  launchKernel(kernel, static_cast<unsigned>(grid), static_cast<unsigned>(v.threads_x), stream, words.data(), 0, 1,
+  launchKernel(c.main, static_cast<unsigned>(grid), static_cast<unsigned>(v.threads_x), stream, words.data(), 0, 1,
                static_cast<unsigned>(v.threads_y));
   if (outer == 0) return;
-  const std::string ekey = "normalization_epilogue|" + p.key();
-  KernelFunction epilogue = cachedKernel(
-      device, ekey, [&] { return generateNormalizationEpilogueSource(p, kEpilogueName); }, kEpilogueName);
-  const int64_t eblocks = std::max<int64_t>(1, std::min<int64_t>((L.row_length + kEpilogueBlock - 1) / kEpilogueBlock,
-                                                                 int64_t{multiprocessorCount(device)} * 8));
-  launchKernel(epilogue, static_cast<unsigned>(eblocks), kEpilogueBlock, stream, words.data());
+  const int64_t tiles = (L.row_length + kNormalizationEpilogueX - 1) / kNormalizationEpilogueX;
+  const int64_t eblocks = std::max<int64_t>(1, std::min<int64_t>(tiles, int64_t{multiprocessorCount(device)} * 8));
+  launchKernel(c.epilogue, static_cast<unsigned>(eblocks), kNormalizationEpilogueX, stream, words.data(), 0, 1,
+               kNormalizationEpilogueY);
 }
 
 }  // namespace meshfuse::cuda

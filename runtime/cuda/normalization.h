@@ -7,7 +7,9 @@
 // row length, the dtypes, the alignment of the tensors and the register budget; both are plain host
 // code (tests call them without a GPU). runNormalization compiles (once per program and variant,
 // kernel_cache.h), sizes the grid from the multiprocessor count and the kernel's occupancy, and
-// launches on the device's current stream.
+// launches on the device's current stream. Both run on every execution, so what repeats is cached:
+// the segment's plan (by its exprs and shapes), the kernels and their occupancy (by the program's
+// binary key); no source is built or hashed after the first run.
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -77,6 +77,16 @@ std::string stepExpression(const Program::Step& s, DataType compute) {
     case OpType::Full:
     case OpType::Cast:
     case OpType::Set: e = "a"; break;
+    case OpType::Exp:
+      // Softmax's exp(x - max) is the kernel's hot instruction: in fp32, exp2 of a pre-scaled argument
+      // (ex2.approx, a few instructions) instead of expf's accurate sequence. The relative error
+      // (~2 ulp plus the argument's rounding, |x| * 2^-24) is far inside the fp32 tolerances.
+      if (compute == DataType::Float) {
+        e = "exp2f(a * 1.4426950408889634f)";
+        break;
+      }
+      e = opExpression(s.op, compute);
+      break;
     default: e = opExpression(s.op, compute);
   }
   return s.round ? rounded(e, s.round_to, compute) : e;
@@ -133,7 +143,14 @@ class Emitter {
        << "  (void)tx;\n  (void)n;\n";
     int max_per_level = 1;
     for (int l = 1; l <= levels_; ++l) max_per_level = std::max<int>(max_per_level, reductionsAt(l).size());
-    if (tx > 32 && levels_ > 0) s_ << "  __shared__ T red[" << max_per_level << "][TY][" << warps << "];\n";
+    // One __syncthreads per block-wide reduction: each level of a row has its own buffer (a single
+    // level alternates two by row group), so a buffer is rewritten only after a later barrier that
+    // every thread reaches after reading it; no barrier is needed before the writes.
+    const int buffers = levels_ >= 2 ? levels_ : 2;
+    if (tx > 32 && levels_ > 0) {
+      s_ << "  __shared__ T red[" << buffers << "][" << max_per_level << "][TY][" << warps << "];\n";
+      if (levels_ == 1) s_ << "  int buf = 0;\n";
+    }
     constants("  ");
     const int outer = p_.numOuterReductions();
     if (outer > 0)
@@ -171,7 +188,7 @@ class Emitter {
     for (size_t o = 0; o < p_.stores.size(); ++o)
       if (!p_.stores[o].after)
         s_ << in << "const i64 rs" << o << " = rowOffset(p, " << storePort(static_cast<int>(o)) << ", safe_row);\n";
-    if (persistent) {
+    if (persistent && !v.stream) {
       for (size_t l = 0; l < p_.loads.size(); ++l)
         if (p_.loads[l].varies == Varies::PerElement) s_ << in << "T X" << l << "[EPT];\n";
       forEachChunk(in, true, "row_ok", [&](const std::string& ind) {
@@ -198,16 +215,18 @@ class Emitter {
       for (int t : reds)
         s_ << in << "acc" << t << " = " << (isMax(p_.steps[t].op) ? "warpMax" : "warpSum") << "(acc" << t << ");\n";
       if (tx > 32) {
-        s_ << in << "__syncthreads();\n" << in << "if ((tx & 31) == 0) {\n";
+        const std::string b = levels_ == 1 ? "red[buf]" : "red[" + std::to_string(level - 1) + "]";
+        s_ << in << "if ((tx & 31) == 0) {\n";
         for (size_t q = 0; q < reds.size(); ++q)
-          s_ << in << "  red[" << q << "][ty][tx >> 5] = acc" << reds[q] << ";\n";
+          s_ << in << "  " << b << "[" << q << "][ty][tx >> 5] = acc" << reds[q] << ";\n";
         s_ << in << "}\n" << in << "__syncthreads();\n";
         for (size_t q = 0; q < reds.size(); ++q) {
           const int t = reds[q];
-          s_ << in << "acc" << t << " = red[" << q << "][ty][0];\n";
+          const std::string slot = b + "[" + std::to_string(q) + "][ty]";
+          s_ << in << "acc" << t << " = " << slot << "[0];\n";
           s_ << in << "#pragma unroll\n"
              << in << "for (int w = 1; w < " << warps << "; ++w) acc" << t << " = "
-             << combine(p_.steps[t].op, "acc" + std::to_string(t), "red[" + std::to_string(q) + "][ty][w]") << ";\n";
+             << combine(p_.steps[t].op, "acc" + std::to_string(t), slot + "[w]") << ";\n";
         }
       }
       for (int t : reds) {
@@ -220,6 +239,7 @@ class Emitter {
       rowSteps(in, level);
     }
     finalPass(in, persistent);
+    if (tx > 32 && levels_ == 1) s_ << in << "buf ^= 1;\n";
     s_ << "  }\n";
     if (outer > 0 && persistent) {
       forEachChunk("  ", true, "true", [&](const std::string& ind) {
@@ -234,36 +254,55 @@ class Emitter {
     return s_.str();
   }
 
-  // One thread per column: adds the partials of each outer reduction in order, then computes and
-  // stores what depends on them.
+  // A block of kNormalizationEpilogueX x kNormalizationEpilogueY threads per tile of X columns: the
+  // Y threads of a column add interleaved subsets of the partial rows (several loads in flight
+  // each), then the first adds the Y sums in order. The order is fixed by the launch shape, so the
+  // result is deterministic; a single thread per column walking all partials serially was latency
+  // bound (a few dozen blocks for a row of 4096-12288 columns).
   std::string epilogueKernel(const std::string& name) {
     prelude();
-    s_ << "extern \"C\" __global__ void __launch_bounds__(256) " << name << "(const Params p) {\n";
+    const int ex = kNormalizationEpilogueX, ey = kNormalizationEpilogueY, outer = p_.numOuterReductions();
+    s_ << "extern \"C\" __global__ void __launch_bounds__(" << ex * ey << ") " << name << "(const Params p) {\n";
     s_ << "  const i64 n = p.n, rows = p.rows, parts = p.partials;\n  (void)rows;\n";
+    s_ << "  const int cx = threadIdx.x, cy = threadIdx.y;\n";
+    s_ << "  __shared__ T part[" << outer << "][" << ey << "][" << ex << "];\n";
     constants("  ");
-    s_ << "  for (i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += "
-          "static_cast<i64>(gridDim.x) "
-          "* blockDim.x) {\n";
+    s_ << "  for (i64 j0 = static_cast<i64>(blockIdx.x) * " << ex << "; j0 < n; j0 += static_cast<i64>(gridDim.x) * "
+       << ex << ") {\n";
     const std::string in = "    ";
+    s_ << in << "const i64 j = j0 + cx;\n";
     std::set<int> steps, loads;
     for (const auto& st : p_.stores)
       if (st.after) collect(st.value, steps, loads, /*after=*/true);
-    for (int l : loads) s_ << in << "const T x" << l << " = " << loadExpr(l, columnOffset(l, false, "j")) << ";\n";
+    s_ << in << "if (j < n) {\n";
+    for (int q = 0; q < outer; ++q) {
+      const auto& st = outerStep(q);
+      const std::string ws = "static_cast<const T*>(p.ws)[(" + std::to_string(q) + " * parts + s) * n + j]";
+      s_ << in << "  {\n"
+         << in << "    T sum = " << identity(st.op) << ";\n"
+         << in << "#pragma unroll 4\n"
+         << in << "    for (i64 s = cy; s < parts; s += " << ey << ") sum = " << combine(st.op, "sum", ws) << ";\n"
+         << in << "    part[" << q << "][cy][cx] = sum;\n"
+         << in << "  }\n";
+    }
+    s_ << in << "}\n" << in << "__syncthreads();\n";
+    s_ << in << "if (cy == 0 && j < n) {\n";
+    const std::string body = in + "  ";
+    for (int l : loads) s_ << body << "const T x" << l << " = " << loadExpr(l, columnOffset(l, false, "j")) << ";\n";
     for (int t : steps) {
       const auto& st = p_.steps[t];
       if (st.outer) {
         const int q = outerIndex(t);
-        s_ << in << "T e" << t << " = " << identity(st.op) << ";\n";
-        s_ << in << "for (i64 s = 0; s < parts; ++s) e" << t << " = "
-           << combine(st.op, "e" + std::to_string(t),
-                      "static_cast<const T*>(p.ws)[(" + std::to_string(q) + " * parts + s) * n + j]")
-           << ";\n";
+        s_ << body << "T e" << t << " = part[" << q << "][0][cx];\n";
+        s_ << body << "#pragma unroll\n"
+           << body << "for (int y = 1; y < " << ey << "; ++y) e" << t << " = "
+           << combine(st.op, "e" + std::to_string(t), "part[" + std::to_string(q) + "][y][cx]") << ";\n";
         if (st.op == OpType::Mean)
-          s_ << in << "e" << t << " = static_cast<T>(static_cast<double>(e" << t
+          s_ << body << "e" << t << " = static_cast<T>(static_cast<double>(e" << t
              << ") * (1.0 / static_cast<double>(rows)));\n";
         continue;
       }
-      elementStep(in, t, false);
+      elementStep(body, t, false);
     }
     for (size_t o = 0; o < p_.stores.size(); ++o) {
       const auto& st = p_.stores[o];
@@ -273,11 +312,12 @@ class Emitter {
       const std::string col = !st.has_columns ? "0" : st.contiguous_row ? "j" : generalColumn(port, "j");
       const std::string target = "static_cast<" + storageType(st.dtype) + "*>(p.out[" + std::to_string(o) + "])";
       if (st.has_rows)
-        s_ << in << "for (i64 r = 0; r < rows; ++r) " << target << "[rowOffset(p, " << port << ", r) + " << col
+        s_ << body << "for (i64 r = 0; r < rows; ++r) " << target << "[rowOffset(p, " << port << ", r) + " << col
            << "] = " << value << ";\n";
       else
-        s_ << in << target << "[" << col << "] = " << value << ";\n";
+        s_ << body << target << "[" << col << "] = " << value << ";\n";
     }
+    s_ << in << "}\n" << in << "__syncthreads();\n";
     s_ << "  }\n}\n";
     return s_.str();
   }
@@ -360,15 +400,18 @@ class Emitter {
        << "];\n  i64 partials;  // the epilogue's\n};\n";
     s_ << "static_assert(sizeof(Params) == " << 8 * normalizationParamWords(p_)
        << ", \"host and device disagree on the parameter block\");\n";
-    // Offsets of row `r` and of column `j` in a port's tensor (F's outer and inner axes).
+    // Offsets of row `r` (< rows) and of column `j` (< n) in a port's tensor (F's outer and inner
+    // axes). The first axis takes no remainder (the index is within it): a 64-bit division is a long
+    // instruction sequence, and with one outer axis a row's offsets need none.
     s_ << "__device__ __forceinline__ i64 rowOffset(const Params& p, int port, i64 r) {\n  i64 off = 0;\n#pragma "
           "unroll\n"
-       << "  for (int d = " << p_.outer_rank - 1 << "; d >= 0; --d) {\n"
-       << "    off += (r % p.outer_shape[d]) * p.st[port][d];\n    r /= p.outer_shape[d];\n  }\n  return off;\n}\n";
+       << "  for (int d = " << p_.outer_rank - 1 << "; d > 0; --d) {\n"
+       << "    off += (r % p.outer_shape[d]) * p.st[port][d];\n    r /= p.outer_shape[d];\n  }\n"
+       << "  return off + r * p.st[port][0];\n}\n";
     s_ << "__device__ __forceinline__ i64 columnOffset(const Params& p, int port, i64 j) {\n  i64 off = 0;\n"
           "#pragma unroll\n  for (int d = "
-       << p_.inner_rank - 1 << "; d >= 0; --d) {\n    off += (j % p.inner_shape[d]) * p.st[port][" << p_.outer_rank
-       << " + d];\n    j /= p.inner_shape[d];\n  }\n  return off;\n}\n";
+       << p_.inner_rank - 1 << "; d > 0; --d) {\n    off += (j % p.inner_shape[d]) * p.st[port][" << p_.outer_rank
+       << " + d];\n    j /= p.inner_shape[d];\n  }\n  return off + j * p.st[port][" << p_.outer_rank << "];\n}\n";
   }
 
   // Values that vary with nothing: the scalar-tensor loads and the steps on them and on numbers.
@@ -401,6 +444,12 @@ class Emitter {
       s_ << in << "const T " << static_cast<char>('a' + k) << " = " << ref(st.args[k], persistent) << ";\n";
   }
 
+  // Whether load l's row sits in registers (X<l>), loaded once per row: per-element loads of the
+  // persistent variant unless it streams them.
+  bool inRegisters(int l, bool persistent) const {
+    return persistent && !(v_ && v_->stream) && p_.loads[l].varies == Varies::PerElement;
+  }
+
   // The name of an operand's value where it is used (inside an element loop for element values).
   std::string ref(const Program::Operand& o, bool persistent) const {
     switch (o.kind) {
@@ -410,8 +459,8 @@ class Emitter {
         const Varies v = p_.loads[o.index].varies;
         if (v == Varies::Nothing) return "lc" + std::to_string(o.index);
         if (v == Varies::PerRow) return "lr" + std::to_string(o.index);
-        return persistent && v == Varies::PerElement ? "X" + std::to_string(o.index) + "[it * VEC + k]"
-                                                     : "x" + std::to_string(o.index);
+        return inRegisters(o.index, persistent) ? "X" + std::to_string(o.index) + "[it * VEC + k]"
+                                                : "x" + std::to_string(o.index);
       }
       case Kind::Temp: {
         const auto& st = p_.steps[o.index];
@@ -501,7 +550,26 @@ class Emitter {
     if (!cached_.count(t)) s_ << in << "T " << name << ";\n";
     s_ << in << "{\n";
     operands(in + "  ", st, persistent);
-    s_ << in << "  " << name << " = " << stepExpression(st, p_.compute) << ";\n" << in << "}\n";
+    const std::string value = reciprocals_.count(t) ? "a * inv" + std::to_string(t) : stepExpression(st, p_.compute);
+    s_ << in << "  " << name << " = " << value << ";\n" << in << "}\n";
+  }
+
+  // An element quotient whose divisor is one value per row (softmax's e / sum): the row's
+  // reciprocal is computed once and each element multiplies by it (within an ulp of the quotient;
+  // an IEEE division per element is a long instruction sequence).
+  bool rowDivisor(int t) const {
+    const auto& st = p_.steps[t];
+    if (st.op != OpType::Div || st.args.size() != 2 || st.after || st.round || !isElement(st.varies)) return false;
+    const auto& b = st.args[1];
+    if (b.kind == Kind::Load) return p_.loads[b.index].varies == Varies::PerRow;
+    if (b.kind != Kind::Temp) return false;
+    const auto& d = p_.steps[b.index];
+    return d.varies == Varies::PerRow && !d.after;
+  }
+  void defineReciprocals(const std::string& in, const std::set<int>& steps) {
+    for (int t : steps)
+      if (rowDivisor(t) && reciprocals_.insert(t).second)
+        s_ << in << "const T inv" << t << " = static_cast<T>(1) / " << ref(p_.steps[t].args[1], false) << ";\n";
   }
 
   // A loop over this thread's elements of the row computing `targets` (element operands); `use`
@@ -511,9 +579,10 @@ class Emitter {
                    const std::vector<int>& extra_loads = {}) {
     std::set<int> steps, loads(extra_loads.begin(), extra_loads.end());
     for (const auto& o : targets) collect(o, steps, loads, false);
+    defineReciprocals(in, steps);
     forEachChunk(in, persistent, "row_ok", [&](const std::string& ind) {
       for (int l : loads)
-        if (!persistent || p_.loads[l].varies == Varies::PerColumn)
+        if (!inRegisters(l, persistent))
           chunkLoad(ind, l, p_.loads[l].varies == Varies::PerColumn ? "0" : "rl" + std::to_string(l), false);
       beforeElements_(ind);
       s_ << ind << "#pragma unroll\n" << ind << "for (int k = 0; k < VEC; ++k) {\n";
@@ -523,8 +592,7 @@ class Emitter {
          << body << "(void)j;\n"
          << body << "(void)ok;\n";
       for (int l : loads)
-        if (!persistent || p_.loads[l].varies == Varies::PerColumn)
-          s_ << body << "const T x" << l << " = x" << l << "_[k];\n";
+        if (!inRegisters(l, persistent)) s_ << body << "const T x" << l << " = x" << l << "_[k];\n";
       for (int t : steps) {
         if (cached_.count(t) && computed_.count(t)) continue;  // in registers since an earlier pass
         elementStep(body, t, persistent);
@@ -632,7 +700,7 @@ class Emitter {
 
   const Program& p_;
   const NormalizationVariant* v_;
-  std::set<int> cached_, computed_;
+  std::set<int> cached_, computed_, reciprocals_;
   std::ostringstream s_;
   std::vector<int> level_;
   int levels_ = 0;
@@ -648,31 +716,47 @@ int NormalizationProgram::numOuterReductions() const {
   return n;
 }
 
+// A binary key (raw bytes of every field): the executor builds it on every execution to find the
+// compiled kernel, where formatting text (doubles as %a) cost tens of microseconds per launch.
 std::string NormalizationProgram::key() const {
-  std::ostringstream os;
-  os << "c" << static_cast<int>(compute) << ";r" << outer_rank << "." << inner_rank << ";s" << num_scalars << ";";
-  auto port = [&](const Port& p) {
-    os << static_cast<int>(p.dtype) << static_cast<int>(p.varies) << p.after << p.has_rows << p.has_columns
-       << p.contiguous_row << "." << static_cast<int>(p.value.kind) << "." << p.value.index << "=" << num(p.value.value)
-       << ",";
+  std::string k;
+  k.reserve(64 + 24 * (loads.size() + stores.size()) + 48 * steps.size());
+  auto put = [&](const auto& v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  auto operand = [&](const Operand& o) {
+    put(static_cast<uint8_t>(o.kind));
+    put(o.index);
+    if (o.kind == Operand::Kind::Constant) put(o.value);
   };
-  os << "L";
+  auto port = [&](const Port& p) {
+    put(static_cast<uint8_t>(p.dtype));
+    put(static_cast<uint8_t>(p.varies));
+    put(static_cast<uint8_t>(p.after | p.has_rows << 1 | p.has_columns << 2 | p.contiguous_row << 3));
+    operand(p.value);
+  };
+  put(static_cast<uint8_t>(compute));
+  put(outer_rank);
+  put(inner_rank);
+  put(num_scalars);
+  put(loads.size());
   for (const auto& p : loads) port(p);
-  os << "S";
+  put(stores.size());
   for (const auto& p : stores) port(p);
-  os << "X";
+  put(steps.size());
   for (const auto& s : steps) {
-    os << static_cast<int>(s.op) << "/" << static_cast<int>(s.varies) << s.after << s.outer << s.round
-       << static_cast<int>(s.round_to) << "(";
-    for (const auto& a : s.args) os << static_cast<int>(a.kind) << "." << a.index << "=" << num(a.value) << ",";
-    os << ")";
+    put(static_cast<int>(s.op));
+    put(static_cast<uint8_t>(s.varies));
+    put(static_cast<uint8_t>(s.after | s.outer << 1 | s.round << 2));
+    put(static_cast<uint8_t>(s.round_to));
+    put(s.scale);
+    put(s.args.size());
+    for (const auto& a : s.args) operand(a);
   }
-  return os.str();
+  return k;
 }
 
 std::string NormalizationVariant::key() const {
   return "v" + std::to_string(vec) + "x" + std::to_string(threads_x) + "y" + std::to_string(threads_y) + "i" +
-         std::to_string(items);
+         std::to_string(items) + (stream ? "s" : "");
 }
 
 size_t normalizationParamWords(const NormalizationProgram& p) {

@@ -3,19 +3,24 @@
 // kernel gives each row to threads_x threads (threads_y rows per block, a persistent grid-stride loop
 // over row groups) and evaluates the segment in passes over the row: one pass per level of inner
 // reductions (LayerNorm: the mean, then the variance of the centred values), each reduced warp then
-// block, and a last pass that stores the per-element outputs and accumulates outer reductions.
+// block (one barrier per level), and a last pass that stores the per-element outputs and
+// accumulates outer reductions.
 //
-// Two variants:
+// Three variants:
 // - persistent (items > 0): each thread holds its items * vec elements of the row in registers,
 //   loaded once with 16-byte accesses, so every pass reads registers and the row crosses device
 //   memory once (per-column inputs, the weights, are re-read from L1/L2 by each pass needing them).
+// - streaming (items > 0, stream): as persistent, but the per-element inputs are re-read by each
+//   pass (from L1/L2) rather than held: registers hold only the outer accumulators and the cached
+//   expensive values, for segments reading more inputs than fit.
 // - multi-pass (items == 0), for rows too long for the registers of one block: each pass re-reads
 //   the row from global memory (from L2 while it fits) and recomputes what it needs. Correct at any
 //   row length, about (passes + 1) reads of the row: a fallback, not a fast path.
 // Outer reductions (over the rows) accumulate per thread (registers, or the workspace in the
 // multi-pass variant), each (block, row slot) writes its partial row to a workspace, and a second
-// kernel (the epilogue) adds the partials in a fixed order (deterministic), then computes and stores
-// the values that depend on them (casts of the weight gradients, say).
+// kernel (the epilogue) adds the partials in a fixed order (deterministic; a tile of columns per
+// block, the partials of a column split over several threads), then computes and stores the values
+// that depend on them (casts of the weight gradients, say).
 // CUDA-free header: plain string building, testable without a GPU.
 #pragma once
 #include <cstdint>
@@ -72,6 +77,10 @@ struct NormalizationVariant {
   int threads_x = 1;  // threads sharing a row: a power of two up to 32, or a multiple of 32 up to 1024
   int threads_y = 1;  // rows per block
   int items = 1;      // persistent: vec-wide vectors per thread covering the row; 0: multi-pass
+  // Persistent only: the per-element inputs are re-read in each pass (from L1/L2, where the row
+  // stays) instead of held in registers; the outer accumulators still are. For segments with more
+  // inputs than registers (a backward fused with its neighbours) that would otherwise go multi-pass.
+  bool stream = false;
   std::string key() const;
 };
 
@@ -88,6 +97,10 @@ bool isExpensiveNormalizationOp(OpType op);
 
 std::string generateNormalizationSource(const NormalizationProgram& program, const NormalizationVariant& variant,
                                         const std::string& kernel_name);
+// The epilogue's block: X consecutive columns by Y threads that split the partial rows of each.
+constexpr int kNormalizationEpilogueX = 32;
+constexpr int kNormalizationEpilogueY = 16;
+
 std::string generateNormalizationEpilogueSource(const NormalizationProgram& program, const std::string& kernel_name);
 
 }  // namespace meshfuse::cuda

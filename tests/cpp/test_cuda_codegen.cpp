@@ -5,6 +5,7 @@
 #if MESHFUSE_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "norm_fusions.h"
@@ -228,7 +229,14 @@ struct NormSegment {
   ShapeMap shapes;
   ValueMap values;
   std::vector<Tensor> outputs;
-  NormSegment(testing_norms::Norm norm, DataType dt, int64_t rows, int64_t row, bool transpose_x = false) {
+  using Define = std::function<std::vector<TensorView*>(Fusion&, const testing_norms::InputFn&)>;
+  NormSegment(testing_norms::Norm norm, DataType dt, int64_t rows, int64_t row, bool transpose_x = false)
+      : NormSegment(
+            [&](Fusion& f, const testing_norms::InputFn& input) {
+              return testing_norms::defineNorm(norm, f, dt, rows, row, input);
+            },
+            transpose_x) {}
+  explicit NormSegment(const Define& define, bool transpose_x = false) {
     auto input = [&](DataType d, std::vector<int64_t> shape, double, double) {
       TensorView* tv = fusion.newTensor(d, shape);
       fusion.addInput(tv);
@@ -240,7 +248,7 @@ struct NormSegment {
       return tv;
     };
     seg.kind = Segment::Kind::Normalization;
-    seg.outputs = testing_norms::defineNorm(norm, fusion, dt, rows, row, input);
+    seg.outputs = define(fusion, input);
     for (const auto& e : fusion.exprs()) seg.exprs.push_back(e.get());
     for (const auto& v : fusion.vals())
       if (v->isTensor()) shapes[v.get()] = static_cast<TensorView*>(v.get())->shape();
@@ -306,6 +314,134 @@ TEST(NormalizationCodegen, VariantFollowsShapeAndKeysSeparateThem) {
   EXPECT_GE(va.threads_x * va.items * va.vec, 12288);
   EXPECT_GT(vb.threads_y, 1) << "short rows share a block";
   EXPECT_EQ(vb.threads_x * vb.threads_y % 32, 0);
+}
+
+TEST(NormalizationCodegen, EveryNormCompilesInDoubleAndHalf) {
+  using testing_norms::Norm;
+  for (Norm norm : testing_norms::kAllNorms) {
+    for (DataType dt : {DataType::Double, DataType::Half}) {
+      for (int64_t row : {int64_t{7}, int64_t{4096}}) {
+        SCOPED_TRACE(testing_norms::toString(norm) + " " + toString(dt) + " row " + std::to_string(row));
+        NormSegment ns(norm, dt, 5, row);
+        auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+        ASSERT_TRUE(launch.has_value());
+        const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
+        const std::string src = cuda::generateNormalizationSource(launch->program, v, "norm_kernel");
+        ASSERT_NO_THROW(compile(src)) << src;
+        if (launch->program.hasEpilogue())
+          ASSERT_NO_THROW(compile(cuda::generateNormalizationEpilogueSource(launch->program, "epi")));
+      }
+    }
+  }
+}
+
+// Softmax divides by one value per row: a reciprocal per row and a multiply per element; its
+// exp is exp2 of a pre-scaled argument in fp32 (the CUDA executor tests check the accuracy).
+TEST(NormalizationCodegen, SoftmaxMultipliesByTheRowReciprocal) {
+  NormSegment ns(testing_norms::Norm::Softmax, DataType::BFloat16, 16, 12288);
+  auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+  ASSERT_TRUE(launch.has_value());
+  const std::string src =
+      cuda::generateNormalizationSource(launch->program, cuda::chooseNormalizationVariant(*launch), "k");
+  EXPECT_NE(src.find("= a * inv"), std::string::npos) << src;
+  EXPECT_EQ(src.find("a / b"), std::string::npos) << src;
+  EXPECT_NE(src.find("exp2f("), std::string::npos) << src;
+}
+
+// One barrier per block-wide reduction: LayerNorm's two levels (mean, variance) take two per row,
+// RMSNorm's one level one (its buffer alternates between row groups).
+TEST(NormalizationCodegen, OneBarrierPerBlockReduction) {
+  using testing_norms::Norm;
+  for (auto [norm, barriers] : {std::pair{Norm::LayerNorm, 2}, std::pair{Norm::RmsNorm, 1}}) {
+    NormSegment ns(norm, DataType::BFloat16, 16, 12288);
+    auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+    ASSERT_TRUE(launch.has_value());
+    const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
+    ASSERT_GT(v.threads_x, 32);
+    const std::string src = cuda::generateNormalizationSource(launch->program, v, "k");
+    int count = 0;
+    for (size_t at = src.find("__syncthreads()"); at != std::string::npos; at = src.find("__syncthreads()", at + 1))
+      ++count;
+    EXPECT_EQ(count, barriers) << testing_norms::toString(norm);
+  }
+}
+
+// A backward-like segment reading more inputs than registers hold (six rows plus two outer
+// accumulators): the persistent variant streams the inputs rather than falling to multi-pass.
+TEST(NormalizationCodegen, ManyInputsStreamInsteadOfMultiPass) {
+  for (DataType dt : {DataType::BFloat16, DataType::Float, DataType::Double}) {
+    for (int64_t row : {int64_t{7}, int64_t{4097}, int64_t{12288}}) {
+      SCOPED_TRACE(toString(dt) + " row " + std::to_string(row));
+      NormSegment ns([&](Fusion& f, const testing_norms::InputFn& input) {
+        const std::vector<int64_t> full = {6, row};
+        TensorView* s = nullptr;
+        for (int i = 0; i < 6; ++i) {
+          TensorView* x = ops::cast(input(dt, full, -1, 1), dt == DataType::Double ? dt : DataType::Float);
+          s = s ? ops::binary(OpType::Add, s, x) : x;
+        }
+        TensorView* mean = ops::broadcastInDim(ops::reduction(OpType::Mean, s, {1}, false), full, {0});
+        TensorView* y = ops::binary(OpType::Sub, s, mean);
+        return std::vector<TensorView*>{ops::cast(y, dt), ops::reduction(OpType::Sum, s, {0}, false),
+                                        ops::reduction(OpType::Sum, ops::binary(OpType::Mul, y, s), {0}, false)};
+      });
+      auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+      ASSERT_TRUE(launch.has_value());
+      const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
+      if (row == 12288 && dt != DataType::Double) {  // doubles take twice the registers: multi-pass
+        EXPECT_TRUE(v.stream) << v.key();
+        EXPECT_GT(v.items, 0) << v.key();
+      }
+      const std::string src = cuda::generateNormalizationSource(launch->program, v, "k");
+      ASSERT_NO_THROW(compile(src)) << src;
+      ASSERT_NO_THROW(compile(cuda::generateNormalizationEpilogueSource(launch->program, "epi")));
+    }
+  }
+}
+
+// The streaming variant of every norm (forced) compiles, with and without vector accesses.
+TEST(NormalizationCodegen, StreamingVariantOfEveryNormCompiles) {
+  using testing_norms::Norm;
+  for (Norm norm : testing_norms::kAllNorms) {
+    for (int64_t row : {int64_t{7}, int64_t{4096}}) {
+      SCOPED_TRACE(testing_norms::toString(norm) + " row " + std::to_string(row));
+      NormSegment ns(norm, DataType::BFloat16, 5, row, /*transpose_x=*/row == 7);
+      auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+      ASSERT_TRUE(launch.has_value());
+      cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
+      ASSERT_GT(v.items, 0);
+      v.stream = true;
+      const std::string src = cuda::generateNormalizationSource(launch->program, v, "k");
+      EXPECT_EQ(src.find("T X0[EPT]"), std::string::npos) << "streamed inputs are not held";
+      ASSERT_NO_THROW(compile(src)) << src;
+    }
+  }
+}
+
+// The executor prepares a segment on every execution; the memoized plan follows the shapes.
+TEST(NormalizationCodegen, PreparedSegmentFollowsItsShapes) {
+  NormSegment ns(testing_norms::Norm::RmsNorm, DataType::BFloat16, 8, 256);
+  auto a = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+  auto b = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->program.key(), b->program.key());
+  EXPECT_EQ(a->rows, 8);
+  // The same exprs at other local shapes (a smaller shard, say).
+  ShapeMap shapes = ns.shapes;
+  ValueMap values = ns.values;
+  std::vector<Tensor> outputs;
+  for (auto& [v, shape] : shapes)
+    if (!shape.empty() && shape[0] == 8) shape[0] = 4;
+  for (auto& [v, t] : values.tensors) t = Tensor::empty(shapes.at(v), t.dtype());
+  for (TensorView* out : ns.seg.outputs) outputs.push_back(Tensor::empty(shapes.at(out), out->dtype()));
+  auto c = cuda::prepareNormalization(ns.seg, shapes, values, outputs);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->rows, 4);
+  EXPECT_EQ(c->program.key(), a->program.key());
+  // Another structure keys differently.
+  NormSegment other(testing_norms::Norm::LayerNorm, DataType::BFloat16, 8, 256);
+  auto d = cuda::prepareNormalization(other.seg, other.shapes, other.values, other.outputs);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_NE(d->program.key(), a->program.key());
 }
 
 TEST(NvrtcErrors, CompileErrorsCarryTheLog) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "norm_fusions.h"
 #include "ops/ops.h"
@@ -362,24 +363,43 @@ TEST(CudaExecutorReduction, SumMaxMeanOverInnerOuterAndAllAxes) {
 // LayerNorm, RMSNorm, softmax, log-softmax and LayerNorm backward (dx, dgamma, dbeta) as one
 // normalization segment, against the CPU executor (which accumulates in double): rows of 1, 7,
 // 4097 (no vector width divides it) and 262144 elements (the multi-pass variant).
+// One normalization of [rows, row] in `dt` on both executors (loose below fp32).
+void checkNorm(testing_norms::Norm norm, DataType dt, int64_t rows, int64_t row, std::mt19937& rng) {
+  Case c;
+  c.kind = Segment::Kind::Normalization;
+  auto input = [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+    return c.input(d, std::move(shape), rng, lo, hi);
+  };
+  c.outputs = testing_norms::defineNorm(norm, c.fusion, dt, rows, row, input);
+  c.check(testing_norms::toString(norm) + " " + toString(dt) + " [" + std::to_string(rows) + ", " +
+              std::to_string(row) + "]",
+          /*loose=*/dt != DataType::Float);
+}
+
 TEST(CudaExecutorNormalization, EveryNormMatchesTheCpuAtEveryRowLengthAndDtype) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(31);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{37, 1}, {37, 7}, {9, 4097}, {64, 4096}, {3, 262144}};
   for (testing_norms::Norm norm : testing_norms::kAllNorms) {
     for (DataType dt : {DataType::Float, DataType::BFloat16, DataType::Half}) {
-      for (const auto& [rows, row] : shapes) {
-        Case c;
-        c.kind = Segment::Kind::Normalization;
-        auto input = [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
-          return c.input(d, std::move(shape), rng, lo, hi);
-        };
-        c.outputs = testing_norms::defineNorm(norm, c.fusion, dt, rows, row, input);
-        c.check(testing_norms::toString(norm) + " " + toString(dt) + " [" + std::to_string(rows) + ", " +
-                    std::to_string(row) + "]",
-                /*loose=*/dt != DataType::Float);
-      }
+      for (const auto& [rows, row] : shapes) checkNorm(norm, dt, rows, row, rng);
     }
+  }
+}
+
+// Shapes that reach the kernels' other paths: many rows per block (each block walks several row
+// groups, so the alternating reduction buffers are reused between them), and rows of 12288 in
+// fp32, where the backward's per-element inputs no longer fit the registers and the streaming
+// variant re-reads them while its column accumulators stay in registers.
+TEST(CudaExecutorNormalization, ManyRowsAndTheStreamingVariant) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(34);
+  const std::vector<std::tuple<DataType, int64_t, int64_t>> shapes = {{DataType::BFloat16, 4096, 256},
+                                                                      {DataType::Float, 3000, 96},
+                                                                      {DataType::Float, 8, 12288},
+                                                                      {DataType::BFloat16, 24, 12288}};
+  for (testing_norms::Norm norm : testing_norms::kAllNorms) {
+    for (const auto& [dt, rows, row] : shapes) checkNorm(norm, dt, rows, row, rng);
   }
 }
 
