@@ -141,13 +141,15 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
       sd{p.batch, p.heads, p.seq_q, 1}, md{p.batch, p.heads, p.seq_q, p.seq_kv};
   auto q = tensor(*b, "q", qd, io, strides), k = tensor(*b, "k", kd, io, strides), v = tensor(*b, "v", vd, io, strides);
   const bool dropout = p.dropout_p > 0;
+  const int64_t mask_ld = dropoutMaskRowStride(p.seq_kv);
+  const InputStrides mask_strides{{"mask", {p.heads * p.seq_q * mask_ld, p.seq_q * mask_ld, mask_ld, 1}}};
   if (forward) {
     auto attrs = fe::graph::SDPA_attributes()
                      .set_name("sdpfa_fwd")
                      .set_generate_stats(true)
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
-    if (dropout) attrs.set_dropout(tensor(*b, "mask", md, io), byValue(*b, "dropout_scale"));
+    if (dropout) attrs.set_dropout(tensor(*b, "mask", md, io, &mask_strides), byValue(*b, "dropout_scale"));
     auto [o, stats] = b->graph->sdpa(q, k, v, attrs);
     output(*b, "o", o, od, io);
     output(*b, "stats", stats, sd, fe::DataType_t::FLOAT);
@@ -159,7 +161,8 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
     if (dropout)
-      attrs.set_dropout(tensor(*b, "mask", md, io), byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
+      attrs.set_dropout(tensor(*b, "mask", md, io, &mask_strides), byValue(*b, "dropout_scale"),
+                        byValue(*b, "dropout_scale_inv"));
     auto [dq, dk, dv] = b->graph->sdpa_backward(q, k, v, o, dO, stats, attrs);
     output(*b, "dq", dq, qd, io);
     output(*b, "dk", dk, kd, io);
@@ -276,7 +279,8 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   float dropout_scale = static_cast<float>(1.0 / (1.0 - p.dropout_p));
   float dropout_scale_inv = static_cast<float>(1.0 - p.dropout_p);
   if (dropout) {
-    bind("mask", dropoutMask(device, p, dtype, seed_at, offset_at));
+    keep.push_back(dropoutMask(device, p, dtype, seed_at, offset_at));  // padded rows: bound as it is
+    pack[built->tensors.at("mask")] = keep.back().data();
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
     if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
   }

@@ -14,7 +14,13 @@ namespace meshfuse::cuda {
 // The mask kernel's CUDA source (NVRTC; exposed for the code generation tests).
 std::string dropoutMaskSource();
 
-// A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half or BFloat16) on `device`, of 0 and 1.
+// The mask's row stride: seq_kv rounded up to 64 elements. cuDNN reads the custom mask in aligned
+// row tiles; with rows packed at an unaligned length (seq_kv = 330 on the H200) it applied the
+// wrong row's elements, so rows start on 128-byte boundaries.
+int64_t dropoutMaskRowStride(int64_t seq_kv);
+
+// A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half or BFloat16) on `device`, of 0 and 1,
+// with row stride dropoutMaskRowStride(seq_kv) (a view of a padded buffer).
 // The Philox seed and offset are p.seed and p.offset, or, when `seed_at`/`offset_at` are given, the
 // int64 values at those device addresses (read by the kernel: the host never waits for them).
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at = nullptr,
