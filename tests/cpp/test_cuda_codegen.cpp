@@ -256,6 +256,24 @@ struct NormSegment {
   }
 };
 
+// The bf16 bias gradient (cast, sum over the rows, cast back): at the transformer's widest rows
+// (4 x 12288 columns) the fused kernel cannot hold the row, which is when the CUDA executor runs
+// the segment as a pointwise kernel and the column reduction (cuda_executor.cpp); at short rows it
+// stays one persistent kernel.
+TEST(NormalizationCodegen, BiasGradientVariantByRowLength) {
+  for (const auto& [row, fused] : std::vector<std::pair<int64_t, bool>>{{300, true}, {36864, false}, {49152, false}}) {
+    NormSegment ns([&](Fusion&, const testing_norms::InputFn& input) {
+      TensorView* dy = input(DataType::BFloat16, {2048, row}, -1, 1);
+      return std::vector<TensorView*>{
+          ops::cast(ops::reduction(OpType::Sum, ops::cast(dy, DataType::Float), {0}, false), DataType::BFloat16)};
+    });
+    auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+    ASSERT_TRUE(launch.has_value());
+    const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
+    EXPECT_EQ(v.items > 0 && !v.stream, fused) << "row " << row << ": " << v.key();
+  }
+}
+
 TEST(NormalizationCodegen, EveryNormCompilesAtShortLongAndTooLongRows) {
   using testing_norms::Norm;
   for (Norm norm : testing_norms::kAllNorms) {

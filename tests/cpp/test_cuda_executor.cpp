@@ -403,6 +403,23 @@ TEST(CudaExecutorNormalization, ManyRowsAndTheStreamingVariant) {
   }
 }
 
+// A bias gradient as the bf16 transformer's backward lowers it: cast to fp32, sum over the rows,
+// cast back, one normalization segment with only an outer reduction. Short rows run fused; rows
+// too long for the registers (49152 columns) run as a pointwise kernel and the column reduction.
+TEST(CudaExecutorNormalization, OuterOnlyReductionsAtEveryRowLength) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(35);
+  for (const auto& [rows, row] : std::vector<std::pair<int64_t, int64_t>>{{33, 300}, {64, 12288}, {48, 49152}}) {
+    Case c;
+    c.kind = Segment::Kind::Normalization;
+    TensorView* dy = c.input(DataType::BFloat16, {rows, row}, rng, -1, 1);
+    TensorView* wide = ops::cast(dy, DataType::Float);
+    c.outputs = {ops::cast(ops::reduction(OpType::Sum, wide, {0}, false), DataType::BFloat16),
+                 ops::binary(OpType::Mul, dy, dy)};
+    c.check("bias gradient [" + std::to_string(rows) + ", " + std::to_string(row) + "]", /*loose=*/true);
+  }
+}
+
 // Inputs that arrive transposed in memory (the row is strided) or as a slice at an odd offset
 // (rows start unaligned): the kernel indexes them per element.
 TEST(CudaExecutorNormalization, NonContiguousInputs) {
