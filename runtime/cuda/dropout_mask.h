@@ -14,9 +14,8 @@ namespace meshfuse::cuda {
 // The mask kernel's CUDA source (NVRTC; exposed for the code generation tests).
 std::string dropoutMaskSource();
 
-// The mask's row stride: seq_kv rounded up to 64 elements. cuDNN reads the custom mask in aligned
-// row tiles; with rows packed at an unaligned length (seq_kv = 330 on the H200) it applied the
-// wrong row's elements, so rows start on 128-byte boundaries.
+// The mask's row stride: seq_kv rounded up to 64 elements, so that rows start on 128-byte
+// boundaries whatever seq_kv is (tile loads of cuDNN's kernels are aligned).
 int64_t dropoutMaskRowStride(int64_t seq_kv);
 
 // A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half or BFloat16) on `device`, of 0 and 1,
