@@ -60,3 +60,12 @@ def tolerance(dtype):
     if dtype == np.float64:
         return 1e-12, 1e-14
     return 0, 0
+
+
+def torch_cuda_available():
+    """Whether torch is installed and sees a CUDA GPU (the CUDA tests' skip condition)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()

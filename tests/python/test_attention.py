@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from attention_reference import attention_grad_reference, attention_reference, dropout_keep
+from conftest import torch_cuda_available
 from meshfuse import DataType, FusionDefinition, ParallelType
 from meshfuse.multidevice import DeviceMesh
 
@@ -249,15 +250,7 @@ def test_peak_memory_stays_far_below_a_scores_matrix():
     assert grew < scores / 8, f"peak RSS grew by {grew / 2**20:.1f} MiB (an [s, s] buffer is {scores / 2**20:.0f} MiB)"
 
 
-def _cuda_attention_ready():
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-@pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_cuda_matches_float64_reference(rng, causal, d):
@@ -279,7 +272,7 @@ def test_cuda_matches_float64_reference(rng, causal, d):
             np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * max(1.0, np.abs(want).max()))
 
 
-@pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 def test_cuda_dropout_is_a_clear_error_until_cudnn_matches_the_philox_mask(monkeypatch):
     # cuDNN's custom-mask input reproduced the mask it was given at s = 64 but not at s_q = 200,
     # s_kv = 330 on the H200 (runtime/cuda/attention.cpp); a silently different mask would break the
@@ -292,7 +285,7 @@ def test_cuda_dropout_is_a_clear_error_until_cudnn_matches_the_philox_mask(monke
         fd.execute([x, x, x])
 
 
-@pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 @pytest.mark.parametrize("shape", [pytest.param((64, 64), id="s64"),
                                    pytest.param((200, 330), id="sq200-skv330",
                                                 marks=pytest.mark.xfail(strict=True, reason="cuDNN 9.19 on the "
@@ -315,7 +308,7 @@ def test_cuda_custom_mask_forward_under_the_investigation_switch(monkeypatch, sh
     np.testing.assert_allclose(out.float().cpu().numpy(), ref, rtol=3e-2, atol=3e-2)
 
 
-@pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 def test_cuda_drops_the_elements_its_seed_implies(monkeypatch):
     # With V = identity (s_kv = d) the output is the dropped, rescaled probability matrix itself, so
     # the elements cuDNN zeroed are read off directly. They must be exactly those that the returned
@@ -341,7 +334,7 @@ def test_cuda_drops_the_elements_its_seed_implies(monkeypatch):
     np.testing.assert_allclose(out, ref, atol=1e-2, rtol=2e-2)
 
 
-@pytest.mark.skipif(not _cuda_attention_ready(), reason="needs torch with a CUDA GPU")
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU")
 def test_cuda_rejects_unsupported_head_dim():
     import torch
     x = torch.zeros([1, 1, 8, 72 + 4], dtype=torch.bfloat16, device="cuda")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import transformer_reference as ref
+from conftest import torch_cuda_available
 from meshfuse import DataType
 from meshfuse.models import BACKWARD_OUTPUTS, FORWARD_OUTPUTS, PARAMETERS, TransformerBackward, TransformerConfig
 from meshfuse.models import TransformerForward
@@ -108,15 +109,7 @@ def test_bad_configuration_is_a_clear_error():
         TransformerForward(TransformerConfig(batch=1, sequence=4, heads=3, hidden=16))._ensure_defined()
 
 
-def _cuda_ready():
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-@pytest.mark.skipif(not _cuda_ready(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 def test_cuda_bf16_layer_matches_float64_reference():
     # The layer as the GPU benchmark runs it (bf16 storage, cuBLASLt GEMMs with fused bias, cuDNN
     # attention, NVRTC normalization and pointwise kernels, the weight gradients' transposed
