@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 
@@ -142,15 +143,13 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
       sd{p.batch, p.heads, p.seq_q, 1}, md{p.batch, p.heads, p.seq_q, p.seq_kv};
   auto q = tensor(*b, "q", qd, io, strides), k = tensor(*b, "k", kd, io, strides), v = tensor(*b, "v", vd, io, strides);
   const bool dropout = p.dropout_p > 0;
-  const int64_t mask_ld = dropoutMaskRowStride(p.seq_kv);
-  const InputStrides mask_strides{{"mask", {p.heads * p.seq_q * mask_ld, p.seq_q * mask_ld, mask_ld, 1}}};
   if (forward) {
     auto attrs = fe::graph::SDPA_attributes()
                      .set_name("sdpfa_fwd")
                      .set_generate_stats(true)
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
-    if (dropout) attrs.set_dropout(tensor(*b, "mask", md, io, &mask_strides), byValue(*b, "dropout_scale"));
+    if (dropout) attrs.set_dropout(tensor(*b, "mask", md, io), byValue(*b, "dropout_scale"));
     auto [o, stats] = b->graph->sdpa(q, k, v, attrs);
     output(*b, "o", o, od, io);
     output(*b, "stats", stats, sd, fe::DataType_t::FLOAT);
@@ -162,8 +161,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
     if (dropout)
-      attrs.set_dropout(tensor(*b, "mask", md, io, &mask_strides), byValue(*b, "dropout_scale"),
-                        byValue(*b, "dropout_scale_inv"));
+      attrs.set_dropout(tensor(*b, "mask", md, io), byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
     auto [dq, dk, dv] = b->graph->sdpa_backward(q, k, v, o, dO, stats, attrs);
     output(*b, "dq", dq, qd, io);
     output(*b, "dk", dk, kd, io);
@@ -230,6 +228,19 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   const bool forward = e.op() == OpType::SdpaFwd;
   const DataType dtype = tensors[forward ? size_t{kQ} : size_t{kBwdQ}].dtype();
   checkSupported(e, p, dtype);
+  // cuDNN's in-kernel dropout draws its mask in a layout of its own, so the CPU could not give the
+  // same one; its custom-mask input takes meshfuse's Philox mask instead ([b, h, s_q, s_kv] in the io
+  // dtype: memory O(s^2) per head while dropout is on, the price of one mask on both devices). On the
+  // H200 (cuDNN 9.19) that applied the mask exactly at s_q = s_kv = 64, but not at s_q = 200,
+  // s_kv = 330 (row 0 right, later rows wrong, with the mask's rows packed or padded to 64), and the
+  // backward was never seen to pass: until it is understood, dropout on CUDA is an error rather than
+  // a silently different mask. MESHFUSE_CUDNN_DROPOUT_MASK=1 runs the custom-mask path (to
+  // investigate it: tests/python/test_attention.py keeps the passing and the failing shape).
+  if (p.dropout_p > 0 && std::getenv("MESHFUSE_CUDNN_DROPOUT_MASK") == nullptr)
+    throw UserError(toString(e.op()) +
+                    " on CUDA tensors with dropout_p > 0 is not supported yet: cuDNN's dropout does not "
+                    "reproduce meshfuse's Philox mask (the one CPU tensors use) at every shape; use dropout_p=0 "
+                    "on CUDA or run on CPU tensors");
   // The backward needs the forward's Philox seed and offset only to rebuild the dropout mask. Host
   // tensors are read here; device ones (the forward's outputs) are read by the mask kernel itself,
   // because copying them to the host would wait for every kernel queued before this one.
@@ -255,43 +266,28 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
               : std::vector<std::pair<const char*, size_t> >{
                     {"dO", kBwdGradOut}, {"q", kBwdQ}, {"k", kBwdK}, {"v", kBwdV}, {"o", kBwdOut}};
   InputStrides strides;
-  bool any_strided = false;
+  std::set<std::string> in_place;  // the inputs whose own layout the strided graph describes
   for (const auto& [name, index] : strided_inputs) {
     std::vector<int64_t> st = inPlaceStrides(tensors[index]);
-    any_strided = any_strided || !st.empty();
+    if (!st.empty()) in_place.insert(name);
     strides[name] = st.empty() ? rowMajor(tensors[index].shape()) : st;
   }
-  if (!any_strided) strides.clear();  // every input dense: the plain graph
+  if (in_place.empty()) strides.clear();  // every input dense: the plain graph
   auto built = cachedGraph(device, forward, p, dtype, strides);
   cudnnHandle_t handle = handleFor(device);
   if (cudnnSetStream(handle, currentStream(device)) != CUDNN_STATUS_SUCCESS)
     throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
   std::unordered_map<TensorAttr, void*> pack;
-  std::vector<Tensor> keep;  // contiguous copies, kept alive until the call is queued
+  std::vector<Tensor> keep;  // what is bound (inputs or their dense copies), alive until the call is queued
   auto bind = [&](const std::string& name, const Tensor& t) {
-    const bool in_place = built->strided_inputs && strides.count(name) > 0 && !inPlaceStrides(t).empty();
-    keep.push_back(in_place ? t : t.contiguous());
+    keep.push_back(built->strided_inputs && in_place.count(name) > 0 ? t : t.contiguous());
     pack[built->tensors.at(name)] = keep.back().data();
   };
   const bool dropout = p.dropout_p > 0;
-  // cuDNN's in-kernel dropout draws its mask in a layout of its own, so the CPU could not give the
-  // same one; its custom-mask input takes meshfuse's Philox mask instead ([b, h, s_q, s_kv] in the io
-  // dtype: memory O(s^2) per head while dropout is on, the price of one mask on both devices). On the
-  // H200 (cuDNN 9.19) that applied the mask exactly at s_q = s_kv = 64, but not at s_q = 200,
-  // s_kv = 330 (row 0 right, later rows wrong, with the mask's rows packed or padded to 64), and the
-  // backward was never seen to pass: until it is understood, dropout on CUDA is an error rather than
-  // a silently different mask. MESHFUSE_CUDNN_DROPOUT_MASK=1 runs the custom-mask path (to
-  // investigate it: tests/python/test_attention.py keeps the passing and the failing shape).
-  if (dropout && std::getenv("MESHFUSE_CUDNN_DROPOUT_MASK") == nullptr)
-    throw UserError(toString(e.op()) +
-                    " on CUDA tensors with dropout_p > 0 is not supported yet: cuDNN's dropout does not "
-                    "reproduce meshfuse's Philox mask (the one CPU tensors use) at every shape; use dropout_p=0 "
-                    "on CUDA or run on CPU tensors");
   float dropout_scale = static_cast<float>(1.0 / (1.0 - p.dropout_p));
   float dropout_scale_inv = static_cast<float>(1.0 - p.dropout_p);
   if (dropout) {
-    keep.push_back(dropoutMask(device, p, dtype, seed_at, offset_at));  // padded rows: bound as it is
-    pack[built->tensors.at("mask")] = keep.back().data();
+    bind("mask", dropoutMask(device, p, dtype, seed_at, offset_at));
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
     if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
   }

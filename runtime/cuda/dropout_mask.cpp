@@ -16,7 +16,7 @@ struct Params {
   unsigned long long seed, offset;
   const unsigned long long* seed_at;    // when set, the seed and offset are read from device memory
   const unsigned long long* offset_at;  // (the forward's 0-dim outputs), with no host round trip
-  long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel, row_stride;
+  long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
   float threshold;
   unsigned short one;
 };
@@ -34,7 +34,7 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
         ((unsigned long long)(b + p.batch_offset) * p.global_heads + (h + p.head_offset)) * p.seq_q * p.seq_kv +
         (unsigned long long)i * p.seq_kv + j;
     const float u = philoxUnitF(philox4x32(g, p.offset, p.seed).x);
-    p.mask[rest * p.row_stride + j] = u >= p.threshold ? p.one : (unsigned short)0;
+    p.mask[e] = u >= p.threshold ? p.one : (unsigned short)0;
   }
 }
 )";
@@ -44,7 +44,7 @@ struct Params {
   unsigned long long seed, offset;
   const void* seed_at;
   const void* offset_at;
-  long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel, row_stride;
+  long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
   float threshold;
   unsigned short one;
 };
@@ -53,12 +53,8 @@ struct Params {
 
 std::string dropoutMaskSource() { return kernelPrelude() + philoxSource() + kKernel; }
 
-int64_t dropoutMaskRowStride(int64_t seq_kv) { return (seq_kv + 63) / 64 * 64; }
-
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at, const void* offset_at) {
-  const int64_t ld = dropoutMaskRowStride(p.seq_kv);
-  Tensor padded = Tensor::empty({p.batch, p.heads, p.seq_q, ld}, dtype, Device::cuda(device));
-  Tensor mask = padded.slice(3, 0, p.seq_kv);
+  Tensor mask = Tensor::empty({p.batch, p.heads, p.seq_q, p.seq_kv}, dtype, Device::cuda(device));
   Params params{mask.data(),
                 p.seed,
                 p.offset,
@@ -71,7 +67,6 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
                 p.head_offset,
                 p.global_heads,
                 mask.numel(),
-                ld,
                 static_cast<float>(p.dropout_p),
                 static_cast<unsigned short>(dtype == DataType::BFloat16 ? 0x3F80 : 0x3C00)};  // 1.0
   if (params.numel == 0) return mask;

@@ -14,14 +14,7 @@ namespace meshfuse::cuda {
 // The mask kernel's CUDA source (NVRTC; exposed for the code generation tests).
 std::string dropoutMaskSource();
 
-// The mask's row stride: seq_kv rounded up to 64 elements, so that rows start on 128-byte
-// boundaries whatever seq_kv is (tile loads of cuDNN's kernels are aligned).
-int64_t dropoutMaskRowStride(int64_t seq_kv);
-
-// A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half or BFloat16) on `device`, of 0 and 1,
-// with row stride dropoutMaskRowStride(seq_kv) (a view of a padded buffer).
-// The Philox seed and offset are p.seed and p.offset, or, when `seed_at`/`offset_at` are given, the
-// int64 values at those device addresses (read by the kernel: the host never waits for them).
+// A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half or BFloat16) on `device`, of 0 and 1.
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at = nullptr,
                    const void* offset_at = nullptr);
 
