@@ -189,12 +189,13 @@ void tune(Plan& plan, const std::string& what, cublasLtHandle_t handle, cudaStre
   MESHFUSE_CUDA_CHECK(cudaEventCreate(&start));
   MESHFUSE_CUDA_CHECK(cudaEventCreate(&stop));
   float best_ms = std::numeric_limits<float>::infinity(), first_ms = 0;
-  size_t best_index = 0, index = 0;
+  size_t best_index = 0;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(handle, plan.desc, alpha, b, plan.a, a, plan.b, beta, c, plan.c, c, plan.c, &algo, workspace,
                           kWorkspaceBytes, stream);
   };
-  for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
+  for (size_t index = 0; index < plan.candidates.size(); ++index) {
+    const cublasLtMatmulAlgo_t& algo = plan.candidates[index];
     if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm that refuses is skipped
     MESHFUSE_CUDA_CHECK(cudaEventRecord(start, stream));
     bool ok = true;
@@ -209,7 +210,6 @@ void tune(Plan& plan, const std::string& what, cublasLtHandle_t handle, cudaStre
       best_index = index;
       plan.algo = algo;
     }
-    ++index;
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
@@ -390,13 +390,10 @@ void runLinear(int device, const Tensor& x, const Tensor& weight, const Tensor& 
   GemmProblem p;
   p.dtype = x.dtype();
   Tensor xd = x.dim() == 2 ? operandFor(x, p.trans_a, p.lda) : x.contiguous();
-  Tensor wd = weight.contiguous();
-  p.trans_b = true;  // weight is [n, k]
-  if (weight.dim() == 2) {
-    bool held_transposed = false;  // the weight's memory holds [k, n]: no transpose for cuBLASLt
-    wd = operandFor(weight, held_transposed, p.ldb);
-    p.trans_b = !held_transposed;
-  }
+  // The weight is [n, k]: cuBLASLt transposes it, unless its memory already holds [k, n].
+  bool weight_held_transposed = false;
+  Tensor wd = weight.dim() == 2 ? operandFor(weight, weight_held_transposed, p.ldb) : weight.contiguous();
+  p.trans_b = !weight_held_transposed;
   Tensor bd = bias.defined() ? bias.contiguous() : Tensor();
   p.m = xd.numel() / std::max<int64_t>(k, 1);
   if (k == 0) p.m = numelOf(std::vector<int64_t>(x.shape().begin(), x.shape().end() - 1));

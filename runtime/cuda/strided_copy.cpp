@@ -82,8 +82,8 @@ bool tryVectorizedCopy(const Tensor& dst, const Tensor& src) {
       !dst.isContiguous() || dst.shape() != src.shape() || src.dim() == 0)
     return false;
   const int64_t esize = static_cast<int64_t>(dataTypeSize(src.dtype()));
+  if (kVectorBytes % esize != 0) return false;
   const int64_t per_vector = kVectorBytes / esize;
-  if (per_vector < 1 || kVectorBytes % esize != 0) return false;
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0; };
   if (!aligned(src.data()) || !aligned(dst.data())) return false;
   cpu::StridedSpace space{src.shape(), {src.strides()}};
