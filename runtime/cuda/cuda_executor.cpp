@@ -178,11 +178,6 @@ class SegmentRun {
 
   // The whole segment as one normalization kernel (runtime/cuda/normalization.h); false (nothing
   // run) when the scheduler does not take it, and the exprs then run one by one.
-  static bool hasInnerReduction(const cuda::NormalizationProgram& program) {
-    return std::any_of(program.steps.begin(), program.steps.end(),
-                       [](const cuda::NormalizationProgram::Step& st) { return isReduction(st.op) && !st.outer; });
-  }
-
   bool runFusedNormalization() {
     std::vector<Tensor> outputs;
     for (TensorView* out : seg_.outputs) {
@@ -194,15 +189,6 @@ class SegmentRun {
       if (v->isTensor()) tensor(v);  // device, dtype and shape checks
     auto launch = cuda::prepareNormalization(seg_, shapes_, values_, outputs);
     if (!launch) return false;
-    // A segment whose only reductions are outer ones (a bias gradient of a bf16 linear: cast, sum
-    // over the rows, cast back) with rows too long for the registers is run by its pointwise kernels
-    // and the column-reduction kernel instead: the fused row kernel then walks whole rows of up to
-    // 49152 columns a few rows per block (0.66-0.91 ms for [2048, 36864-49152] bf16 on the H200,
-    // about 0.3 TB/s), where the column kernel splits the columns over the whole GPU.
-    if (!hasInnerReduction(launch->program)) {
-      const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
-      if (v.items == 0 || v.stream) return false;
-    }
     cuda::runNormalization(device_, *launch);
     for (size_t i = 0; i < outputs.size(); ++i) values_.tensors[seg_.outputs[i]] = outputs[i];
     return true;

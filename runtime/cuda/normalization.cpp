@@ -215,6 +215,19 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
   if (load_strides.empty()) load_strides.emplace_back(plan->full_shape.size(), 0);
   L.strides = load_strides;
   L.strides.insert(L.strides.end(), store_strides.begin(), store_strides.end());
+  // A segment whose only reductions are outer ones (a bias gradient of a bf16 linear: cast, sum
+  // over the rows, cast back) with rows too long for the registers is left to the executor's
+  // pointwise kernels and column-reduction kernel: this kernel would walk whole rows of up to
+  // 49152 columns a few rows per block (0.66-0.91 ms for [2048, 36864-49152] bf16 on the H200,
+  // about 0.3 TB/s), where the column kernel splits the columns over the whole GPU.
+  const bool inner_reduction = std::any_of(p.steps.begin(), p.steps.end(),
+                                           [](const Program::Step& st) { return isReduction(st.op) && !st.outer; });
+  if (!inner_reduction) {
+    const NormalizationVariant v = chooseNormalizationVariant(L);
+    if (v.items == 0 || v.stream)
+      return refuse("only outer reductions, over rows too long for the registers (" + v.key() +
+                    "): the column-reduction kernel runs them");
+  }
   return L;
 }
 
