@@ -115,16 +115,63 @@ def cpu(args):
               f"  numpy {t_np * 1e3:7.1f} ms  speedup {t_np / t_mf:4.2f}x  max|diff| {np.abs(mine - ref).max():.2e}")
 
 
+def cpu_dropout(args):
+    """What dropout costs the CPU kernels at the TP transformer's per-rank attention (b=1, 8 heads,
+    s=512, d=64, causal): sdpfa_fwd and sdpfa_bwd at dropout 0 and 0.1, and fd.ops.uniform over as
+    many elements as the [8, 512, 512] mask (Philox draws alone)."""
+    import numpy as np
+    from meshfuse import DataType, FusionDefinition
+
+    b, h, s, d = 1, 8, 512, 64
+    rng = np.random.default_rng(0)
+    q, k, v, go = (rng.standard_normal([b, h, s, d]).astype(np.float32) for _ in range(4))
+
+    def best(fn):
+        fn()
+        times = []
+        for _ in range(args.reps):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times) * 1e3
+
+    print(f"CPU one thread, dropout cost at b={b} h={h} s={s} d={d} causal fp32")
+    for p in (0.0, 0.1):
+        with FusionDefinition() as fwd:
+            ins = [fwd.define_tensor([b, h, s, d]) for _ in range(3)]
+            for t in fwd.ops.sdpfa_fwd(*ins, dropout_p=p, is_causal=True):
+                fwd.add_output(t)
+        out, lse, seed, offset = fwd.execute([q, k, v])
+        with FusionDefinition() as bwd:
+            t = [bwd.define_tensor([b, h, s, d]) for _ in range(5)]
+            lse_t = bwd.define_tensor([b, h, s])
+            seed_t, offset_t = (bwd.define_tensor([], dtype=DataType.Int) for _ in range(2))
+            for g in bwd.ops.sdpfa_bwd(t[3], t[0], t[1], t[2], t[4], lse_t, p, True, seed_t, offset_t):
+                bwd.add_output(g)
+        bwd_args = [q, k, v, go, np.asarray(out), np.asarray(lse), np.asarray(seed), np.asarray(offset)]
+        print(f"dropout {p}: sdpfa_fwd {best(lambda: fwd.execute([q, k, v])):6.1f} ms  "
+              f"sdpfa_bwd {best(lambda: bwd.execute(bwd_args)):6.1f} ms")
+    with FusionDefinition() as fd:
+        seed_s, offset_s = fd.define_scalar(dtype=DataType.Int), fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.uniform(0.0, 1.0, [h, s, s], DataType.Float, rng_seed=seed_s, rng_offset=offset_s))
+    ms = best(lambda: fd.execute([1, 2]))
+    print(f"uniform over {h * s * s} elements: {ms:.1f} ms ({ms * 1e6 / (h * s * s):.1f} ns an element)")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cpu-dropout", action="store_true", help="CPU: what dropout costs the attention kernels")
     a = ap.parse_args()
-    if a.cpu:
+    if a.cpu or a.cpu_dropout:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if a.cpu:
         cpu(a)
+    if a.cpu_dropout:
+        cpu_dropout(a)
     if a.gpu:
         gpu(a)
