@@ -15,7 +15,7 @@ shorter of the two is completely hidden behind the longer one; below max/(comm+c
 not overlapping at all). Every chunked result is checked against s=1 before it is timed.
 
 --device cuda (needs torch with CUDA): torch tensors on this rank's GPU in, torch tensors out; backends
-cuda/nccl/mpi. With cuda and nccl the C++ stream loop queues chunk i on CUDA stream i % streams, so
+cuda/nccl/ucc/mpi. With cuda and nccl the C++ stream loop queues chunk i on CUDA stream i % streams, so
 chunk i+1's communication runs on the GPU while chunk i's matmul computes; mpi stages through the
 host. nccl needs one GPU per rank and the cuda backend has no reduce-scatter: such combinations are
 skipped with a note. Ranks that share one GPU also share its multiprocessors (and, without MPS, take
@@ -40,7 +40,7 @@ from overlap_patterns import (PATTERNS, OverlapProgram, communication_only, loca
 
 DTYPES = {"float32": DataType.Float, "float64": DataType.Double, "bfloat16": DataType.BFloat16}
 CPU_BACKENDS = (CommunicatorBackend.mpi, CommunicatorBackend.gloo, CommunicatorBackend.ucc)
-CUDA_BACKENDS = (CommunicatorBackend.cuda, CommunicatorBackend.nccl, CommunicatorBackend.mpi)
+CUDA_BACKENDS = (CommunicatorBackend.cuda, CommunicatorBackend.nccl, CommunicatorBackend.ucc, CommunicatorBackend.mpi)
 GPU_NOTE = ("note: cuda/nccl chunks run on asynchronous CUDA streams; ranks sharing a GPU also share its "
             "multiprocessors, so compute alone is measured with every rank computing at once")
 
@@ -66,7 +66,7 @@ def parse_args():
                    "1024 4096 8192 on cuda)")
     p.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS))
-    p.add_argument("--backends", nargs="+", help="default: every available one of mpi gloo ucc (cpu), cuda nccl mpi (cuda)")
+    p.add_argument("--backends", nargs="+", help="default: every available one of mpi gloo ucc (cpu), cuda nccl ucc mpi (cuda)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="bfloat16 needs torch tensors")
     p.add_argument("--streams", type=int, default=2, help="number_of_streams: chunks in flight")
     p.add_argument("--sm-margins", type=int, nargs="+", default=[0],

@@ -207,9 +207,9 @@ def run_cuda(args):
     comm = Communicator.instance()
     d, rank = comm.size, comm.rank
     torch.cuda.set_device(rank % torch.cuda.device_count())
-    # Attention dropout is --attention-dropout on both sides (default 0: meshfuse's CUDA attention
-    # refuses dropout unless MESHFUSE_CUDNN_DROPOUT_MASK=1, see runtime/cuda/attention.cpp; the
-    # residual dropouts are --dropout on both sides).
+    # Attention dropout is --attention-dropout on both sides (default: --dropout, as in the GPT-3
+    # layer; meshfuse hands cuDNN its Philox mask, runtime/cuda/dropout_mask.h), the residual
+    # dropouts --dropout on both sides.
     cfg = tf.TransformerConfig(batch=args.batch, sequence=args.sequence, heads=args.heads, hidden=args.hidden,
                                dtype=DataType.BFloat16, dropout_p=args.dropout,
                                attention_dropout_p=args.attention_dropout)
@@ -289,8 +289,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--trace-dir", default=os.environ.get("OUT", "/tmp"))
-    ap.add_argument("--attention-dropout", type=float, default=0.0,
-                    help="dropout inside attention, both sides (default 0; CUDA needs MESHFUSE_CUDNN_DROPOUT_MASK=1)")
+    ap.add_argument("--attention-dropout", type=float, default=None,
+                    help="dropout inside attention, both sides (default: --dropout)")
     ap.add_argument("--profile", action="store_true",
                     help="CUDA: also profile one call of each pass (GPU busy time and top kernels)")
     args = ap.parse_args()

@@ -1,6 +1,6 @@
 // sdpfa_fwd / sdpfa_bwd on CUDA: cuDNN's fused flash attention built through the cuDNN frontend's
 // graph API. One graph (with its execution plan) is built per (device, direction, dtype, shapes,
-// causal, scale, dropout on/off) and cached; its workspace comes from meshfuse's caching allocator
+// causal, scale, dropout mask dtype) and cached; its workspace comes from meshfuse's caching allocator
 // and it runs on the device's current stream (the segment's). Dropout takes meshfuse's Philox mask
 // as an input (dropout_mask.h says why), so CPU and CUDA drop the same elements.
 #include "runtime/cuda/attention.h"
@@ -94,7 +94,7 @@ struct Built {
 using InputStrides = std::map<std::string, std::vector<int64_t> >;
 
 using Key =
-    std::tuple<int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, bool, InputStrides>;
+    std::tuple<int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int, InputStrides>;
 
 std::vector<int64_t> rowMajor(const std::vector<int64_t>& dims) {
   std::vector<int64_t> strides(dims.size(), 1);
@@ -135,6 +135,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
   b->strided_inputs = strides != nullptr;
   b->graph = std::make_shared<fe::graph::Graph>();
   const fe::DataType_t io = dtype == DataType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+  const fe::DataType_t mask = dropoutMaskDataType(p.dropout_p, dtype) == DataType::Float ? fe::DataType_t::FLOAT : io;
   b->graph->set_io_data_type(io)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -149,7 +150,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_generate_stats(true)
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
-    if (dropout) attrs.set_dropout(tensor(*b, "mask", md, io), byValue(*b, "dropout_scale"));
+    if (dropout) attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"));
     auto [o, stats] = b->graph->sdpa(q, k, v, attrs);
     output(*b, "o", o, od, io);
     output(*b, "stats", stats, sd, fe::DataType_t::FLOAT);
@@ -161,7 +162,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
     if (dropout)
-      attrs.set_dropout(tensor(*b, "mask", md, io), byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
+      attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
     auto [dq, dk, dv] = b->graph->sdpa_backward(q, k, v, o, dO, stats, attrs);
     output(*b, "dq", dq, qd, io);
     output(*b, "dk", dk, kd, io);
@@ -176,6 +177,11 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
   return b;
 }
 
+// What the graph's dropout input is: 0 none, else 1 + the mask's dtype.
+int maskKey(const AttentionParams& p, DataType dtype) {
+  return p.dropout_p > 0 ? 1 + static_cast<int>(dropoutMaskDataType(p.dropout_p, dtype)) : 0;
+}
+
 // The graph for these parameters and input strides. cuDNN reads strided q, k, v (o, dO) in place,
 // as the transformer's q/k/v views of the fused qkv projection arrive; when it refuses a layout,
 // the graph is built for dense inputs instead (and the call binds dense copies).
@@ -185,7 +191,7 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
   static std::map<Key, std::shared_ptr<Built> > cache;
   const Key key{
       device,   forward, static_cast<int>(dtype), p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.head_dim_v,
-      p.causal, p.scale, p.dropout_p > 0,         strides};
+      p.causal, p.scale, maskKey(p, dtype),       strides};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -228,19 +234,6 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   const bool forward = e.op() == OpType::SdpaFwd;
   const DataType dtype = tensors[forward ? size_t{kQ} : size_t{kBwdQ}].dtype();
   checkSupported(e, p, dtype);
-  // cuDNN's in-kernel dropout draws its mask in a layout of its own, so the CPU could not give the
-  // same one; its custom-mask input takes meshfuse's Philox mask instead ([b, h, s_q, s_kv] in the io
-  // dtype: memory O(s^2) per head while dropout is on, the price of one mask on both devices). On the
-  // H200 (cuDNN 9.19) that applied the mask exactly at s_q = s_kv = 64, but not at s_q = 200,
-  // s_kv = 330 (row 0 right, later rows wrong, with the mask's rows packed or padded to 64), and the
-  // backward was never seen to pass: until it is understood, dropout on CUDA is an error rather than
-  // a silently different mask. MESHFUSE_CUDNN_DROPOUT_MASK=1 runs the custom-mask path (to
-  // investigate it: tests/python/test_attention.py keeps the passing and the failing shape).
-  if (p.dropout_p > 0 && std::getenv("MESHFUSE_CUDNN_DROPOUT_MASK") == nullptr)
-    throw UserError(toString(e.op()) +
-                    " on CUDA tensors with dropout_p > 0 is not supported yet: cuDNN's dropout does not "
-                    "reproduce meshfuse's Philox mask (the one CPU tensors use) at every shape; use dropout_p=0 "
-                    "on CUDA or run on CPU tensors");
   // The backward needs the forward's Philox seed and offset only to rebuild the dropout mask. Host
   // tensors are read here; device ones (the forward's outputs) are read by the mask kernel itself,
   // because copying them to the host would wait for every kernel queued before this one.
@@ -284,10 +277,11 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     pack[built->tensors.at(name)] = keep.back().data();
   };
   const bool dropout = p.dropout_p > 0;
-  float dropout_scale = static_cast<float>(1.0 / (1.0 - p.dropout_p));
-  float dropout_scale_inv = static_cast<float>(1.0 - p.dropout_p);
+  // The mask carries the keep scale (dropout_mask.h says why), so both scales cuDNN takes are 1.
+  float dropout_scale = 1.0F;
+  float dropout_scale_inv = 1.0F;
   if (dropout) {
-    bind("mask", dropoutMask(device, p, dtype, seed_at, offset_at));
+    bind("mask", dropoutMask(device, p, dropoutMaskDataType(p.dropout_p, dtype), seed_at, offset_at));
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
     if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
   }

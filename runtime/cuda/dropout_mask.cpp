@@ -1,8 +1,11 @@
 #include "runtime/cuda/dropout_mask.h"
 
+#include <bit>
+
 #include "runtime/cuda/kernel_cache.h"
 #include "runtime/cuda/pointwise_codegen.h"
 #include "runtime/cuda/streams.h"
+#include "runtime/half.h"
 
 namespace meshfuse::cuda {
 
@@ -12,13 +15,14 @@ namespace {
 // runtime/philox.h): u is the element's 24-bit uniform, as uniform() draws it.
 const char* const kKernel = R"(
 struct Params {
-  unsigned short* mask;
+  void* mask;
   unsigned long long seed, offset;
   const unsigned long long* seed_at;    // when set, the seed and offset are read from device memory
   const unsigned long long* offset_at;  // (the forward's 0-dim outputs), with no host round trip
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
   float threshold;
-  unsigned short one;
+  unsigned int kept;   // the bits a kept element gets (of a 2- or 4-byte element)
+  int element_bytes;
 };
 extern "C" __global__ void meshfuse_dropout_mask(Params p) {
   if (p.seed_at != nullptr) {
@@ -34,7 +38,11 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
         ((unsigned long long)(b + p.batch_offset) * p.global_heads + (h + p.head_offset)) * p.seq_q * p.seq_kv +
         (unsigned long long)i * p.seq_kv + j;
     const float u = philoxUnitF(philox4x32(g, p.offset, p.seed).x);
-    p.mask[e] = u >= p.threshold ? p.one : (unsigned short)0;
+    const unsigned int bits = u >= p.threshold ? p.kept : 0u;
+    if (p.element_bytes == 4)
+      ((unsigned int*)p.mask)[e] = bits;
+    else
+      ((unsigned short*)p.mask)[e] = (unsigned short)bits;
   }
 }
 )";
@@ -46,12 +54,28 @@ struct Params {
   const void* offset_at;
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
   float threshold;
-  unsigned short one;
+  unsigned int kept;
+  int element_bytes;
 };
+
+float keepScale(double dropout_p) { return static_cast<float>(1.0 / (1.0 - dropout_p)); }
+
+uint32_t keptBits(DataType dtype, float value) {
+  if (dtype == DataType::Float) return std::bit_cast<uint32_t>(value);
+  return dtype == DataType::BFloat16 ? floatToBf16(value) : floatToHalf(value);
+}
 
 }  // namespace
 
 std::string dropoutMaskSource() { return kernelPrelude() + philoxSource() + kKernel; }
+
+DataType dropoutMaskDataType(double dropout_p, DataType io) {
+  const float scale = keepScale(dropout_p);
+  const uint32_t bits = keptBits(io, scale);
+  const float held =
+      io == DataType::BFloat16 ? bf16ToFloat(static_cast<uint16_t>(bits)) : halfToFloat(static_cast<uint16_t>(bits));
+  return held == scale ? io : DataType::Float;
+}
 
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at, const void* offset_at) {
   Tensor mask = Tensor::empty({p.batch, p.heads, p.seq_q, p.seq_kv}, dtype, Device::cuda(device));
@@ -68,7 +92,8 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
                 p.global_heads,
                 mask.numel(),
                 static_cast<float>(p.dropout_p),
-                static_cast<unsigned short>(dtype == DataType::BFloat16 ? 0x3F80 : 0x3C00)};  // 1.0
+                keptBits(dtype, keepScale(p.dropout_p)),
+                static_cast<int>(dataTypeSize(dtype))};
   if (params.numel == 0) return mask;
   KernelFunction kernel = cachedKernel(
       device, "meshfuse_dropout_mask", [] { return dropoutMaskSource(); }, "meshfuse_dropout_mask");

@@ -1,8 +1,16 @@
 // The dropout mask of fused attention on CUDA, generated with meshfuse's Philox (runtime/philox.h)
-// so that it is the CPU kernel's mask bit for bit: element (b, h, i, j) is 1 where the Philox
-// uniform of its global index (AttentionParams::dropoutIndex) is >= dropout_p, else 0. cuDNN's own
+// so that it is the CPU kernel's mask bit for bit: element (b, h, i, j) is kept where the Philox
+// uniform of its global index (AttentionParams::dropoutIndex) is >= dropout_p. cuDNN's own
 // in-kernel dropout derives its mask from Philox in a layout of its own that is not documented,
-// so it cannot be matched on the CPU; cuDNN takes this mask as an input instead. CUDA-free header.
+// so it cannot be matched on the CPU; cuDNN takes this mask as its custom-mask input instead.
+//
+// A kept element holds the keep scale 1 / (1 - p) itself, and the graph's dropout scales are 1.
+// Measured on the H200 (cuDNN 9.19, frontend 1.32): with a 0/1 mask and scale 1 / (1 - p), the
+// forward and dV were right but dQ and dK were not: the backward's dS came out as
+// P * (Z * dP - D / (1 - p)) instead of P * (Z * dP - D) (D = rowsum(dO * O), Z the scaled mask;
+// a least-squares fit of the factor on D gave 1.2500 at p = 0.2 at every shape tried, and the
+// dropout_scale_inv input changed nothing). With the scale in the mask and both scales 1, every
+// gradient matched the float64 reference (tests/python/test_attention.py). CUDA-free header.
 #pragma once
 #include <string>
 
@@ -14,7 +22,13 @@ namespace meshfuse::cuda {
 // The mask kernel's CUDA source (NVRTC; exposed for the code generation tests).
 std::string dropoutMaskSource();
 
-// A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half or BFloat16) on `device`, of 0 and 1.
+// The mask's dtype for attention in `io` (Half or BFloat16): `io` when it holds the keep scale
+// 1 / (1 - p) exactly (p = 0.5, 0.25, 0.2, ...), else Float, so that a kept element is scaled by
+// exactly the float the CPU kernel uses (bf16 would round 1 / 0.9 by 0.16%).
+DataType dropoutMaskDataType(double dropout_p, DataType io);
+
+// A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half, BFloat16 or Float) on `device`: 0 where
+// an element is dropped, the keep scale 1 / (1 - p) (rounded to `dtype`) where it is kept.
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at = nullptr,
                    const void* offset_at = nullptr);
 

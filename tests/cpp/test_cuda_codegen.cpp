@@ -484,6 +484,17 @@ TEST(DropoutMaskCodegen, CompilesForSm90) {
   EXPECT_FALSE(cuda::compileToCubin(cuda::storeInt64Source(), "store_int64", "sm_90").empty());
 }
 
+// A kept element holds the keep scale 1 / (1 - p): in the io dtype where that dtype holds it
+// exactly, else in fp32 (so CUDA scales by the very float the CPU kernel does).
+TEST(DropoutMaskCodegen, MaskDtypeHoldsTheKeepScaleExactly) {
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.2, DataType::BFloat16), DataType::BFloat16);  // 1.25
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.5, DataType::BFloat16), DataType::BFloat16);  // 2
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.75, DataType::Half), DataType::Half);         // 4
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16), DataType::Float);     // 1.111...
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::Half), DataType::Float);
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.25, DataType::BFloat16), DataType::Float);  // 1.333...
+}
+
 TEST(VectorizedCopyCodegen, CompilesForSm90) {
   EXPECT_FALSE(cuda::compileToCubin(cuda::vectorizedCopySource(), "vector_copy", "sm_90").empty());
 }

@@ -258,7 +258,7 @@ def test_cuda_matches_float64_reference(rng, causal, d):
     b, h, sq, skv = 2, 3, 200, 330
     q, k, v = qkv(rng, b, h, sq, skv, d)
     go = rng.standard_normal(q.shape).astype(np.float32)
-    for p in (0.0,):
+    for p in (0.0, 0.1):
         shapes = [q.shape, k.shape, v.shape, go.shape]
         cuda_in = [torch.from_numpy(x).to(torch.bfloat16).cuda() for x in (q, k, v, go)]
         res = backward_fusion(shapes, dtype=BF16, dropout_p=p, is_causal=causal).execute(cuda_in)
@@ -273,50 +273,40 @@ def test_cuda_matches_float64_reference(rng, causal, d):
 
 
 @pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
-def test_cuda_dropout_is_a_clear_error_until_cudnn_matches_the_philox_mask(monkeypatch):
-    # cuDNN's custom-mask input reproduced the mask it was given at s = 64 but not at s_q = 200,
-    # s_kv = 330 on the H200 (runtime/cuda/attention.cpp); a silently different mask would break the
-    # seed contract, so dropout on CUDA refuses to run unless the investigation switch is set.
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("p", [0.2, 0.1], ids=["p0.2-bf16-mask", "p0.1-fp32-mask"])
+@pytest.mark.parametrize("shape", [(2, 3, 64, 64, 64), (2, 3, 200, 330, 64), (1, 2, 130, 70, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_cuda_dropout_forward_and_backward_match_float64(shape, p, causal):
+    # cuDNN applies meshfuse's Philox mask (its custom-mask input, holding the keep scale: a bf16
+    # mask where bf16 holds 1 / (1 - p) exactly, p = 0.2, else fp32), so out and every gradient match
+    # the float64 reference built with the mask the returned seed and offset imply. Before the scale
+    # moved into the mask, dQ and dK were off by P * D * p / (1 - p) (runtime/cuda/dropout_mask.h).
     import torch
-    monkeypatch.delenv("MESHFUSE_CUDNN_DROPOUT_MASK", raising=False)
-    x = torch.zeros([1, 2, 16, 64], dtype=torch.bfloat16, device="cuda")
-    fd = forward_fusion([x.shape] * 3, dtype=BF16, dropout_p=0.1)
-    with pytest.raises(ValueError, match="dropout_p > 0 is not supported yet"):
-        fd.execute([x, x, x])
-
-
-@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
-@pytest.mark.parametrize("shape", [pytest.param((64, 64), id="s64"),
-                                   pytest.param((200, 330), id="sq200-skv330",
-                                                marks=pytest.mark.xfail(strict=True, reason="cuDNN 9.19 on the "
-                                                                        "H200 applied later rows wrongly"))])
-def test_cuda_custom_mask_forward_under_the_investigation_switch(monkeypatch, shape):
-    # MESHFUSE_CUDNN_DROPOUT_MASK=1: the custom-mask forward against the float64 reference with the
-    # mask the returned seed and offset imply. The failing shape is a strict xfail, so the day it
-    # passes (a cuDNN that honours the mask there) this test says so.
-    import torch
-    monkeypatch.setenv("MESHFUSE_CUDNN_DROPOUT_MASK", "1")
     rng = np.random.default_rng(22)
-    b, h, p = 2, 3, 0.2
-    sq, skv = shape
-    q, k, v = qkv(rng, b, h, sq, skv, 64)
-    cuda_in = [torch.from_numpy(x).to(torch.bfloat16).cuda() for x in (q, k, v)]
-    out, _, seed, offset = forward_fusion([q.shape, k.shape, v.shape], dtype=BF16, dropout_p=p).execute(cuda_in)
-    keep = dropout_keep([b, h, sq, skv], seed, offset, p)
-    rq, rk, rv = (t.float().cpu().numpy() for t in cuda_in)
-    ref, _, _ = attention_reference(rq, rk, rv, False, keep=keep, p=p)
-    np.testing.assert_allclose(out.float().cpu().numpy(), ref, rtol=3e-2, atol=3e-2)
+    b, h, sq, skv, d = shape
+    q, k, v = qkv(rng, b, h, sq, skv, d)
+    go = rng.standard_normal(q.shape).astype(np.float32)
+    cuda_in = [torch.from_numpy(x).to(torch.bfloat16).cuda() for x in (q, k, v, go)]
+    res = backward_fusion([x.shape for x in (q, k, v, go)], dtype=BF16, dropout_p=p, is_causal=causal).execute(cuda_in)
+    keep = dropout_keep([b, h, sq, skv], res[2], res[3], p)
+    assert abs(keep.mean() - (1 - p)) < 0.02
+    rq, rk, rv, rgo = (t.double().cpu().numpy() for t in cuda_in)
+    ref_out, ref_lse, _ = attention_reference(rq, rk, rv, causal, keep=keep, p=p)
+    np.testing.assert_allclose(res[0].double().cpu().numpy(), ref_out, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(res[1].double().cpu().numpy(), ref_lse, rtol=1e-3, atol=1e-3)
+    for name, got, want in zip("qkv", res[4:], attention_grad_reference(rq, rk, rv, rgo, causal, keep=keep, p=p)):
+        err = np.abs(got.double().cpu().numpy() - want).max() / max(1.0, np.abs(want).max())
+        assert err < 1.5e-2, f"grad_{name}: max error {err:.3g} of the largest gradient"
 
 
 @pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
-def test_cuda_drops_the_elements_its_seed_implies(monkeypatch):
+def test_cuda_drops_the_elements_its_seed_implies():
     # With V = identity (s_kv = d) the output is the dropped, rescaled probability matrix itself, so
     # the elements cuDNN zeroed are read off directly. They must be exactly those that the returned
     # (philox_seed, philox_offset) imply through fd.ops.uniform, the mask the CPU kernel applies
     # (test_dropout_mask_is_the_one_the_seed_implies): meshfuse's Philox mask is cuDNN's input.
-    # Under the investigation switch (dropout on CUDA is otherwise an error, see above).
     import torch
-    monkeypatch.setenv("MESHFUSE_CUDNN_DROPOUT_MASK", "1")
     rng = np.random.default_rng(21)
     b, h, s, p = 2, 3, 64, 0.3
     q, k = (rng.standard_normal([b, h, s, s]).astype(np.float32) * 0.3 for _ in range(2))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import transformer_reference as ref
+from attention_reference import dropout_keep
 from conftest import torch_cuda_available
 from meshfuse import DataType
 from meshfuse.models import BACKWARD_OUTPUTS, FORWARD_OUTPUTS, PARAMETERS, TransformerBackward, TransformerConfig
@@ -33,18 +34,26 @@ def run_layer(cfg, x, params, dout):
     return fwd, bwd, outs, grads
 
 
-def test_forward_and_backward_match_float64_reference():
-    x, params = make_inputs(CFG, 3)
+@pytest.mark.parametrize("attention_dropout", [0.0, 0.3], ids=["no-attention-dropout", "attention-dropout"])
+def test_forward_and_backward_match_float64_reference(attention_dropout):
+    cfg = TransformerConfig(batch=CFG.batch, sequence=CFG.sequence, heads=CFG.heads, hidden=CFG.hidden,
+                            dtype=DataType.Float, dropout_p=CFG.dropout_p, attention_dropout_p=attention_dropout)
+    x, params = make_inputs(cfg, 3)
     dout = np.random.default_rng(4).standard_normal(x.shape).astype(np.float32)
-    _, _, outs, grads = run_layer(CFG, x, params, dout)
+    _, _, outs, grads = run_layer(cfg, x, params, dout)
     m1, m2 = outs["attn_dropout_mask"], outs["mlp_dropout_mask"]
     assert m1.dtype == np.bool_ and 0.6 < m1.mean() < 0.95, "dropout keeps about 1 - p"
+    akeep = None
+    if attention_dropout:  # the attention's mask, from the Philox pair its forward returns
+        akeep = dropout_keep([cfg.batch, cfg.heads, cfg.sequence, cfg.sequence], outs["sdpa_seed"],
+                             outs["sdpa_offset"], attention_dropout)
+        assert 0.4 < akeep.mean() < 0.9
     p64 = {k: v.astype(np.float64) for k, v in params.items()}
-    r = ref.forward(x.astype(np.float64), p64, m1, m2, CFG)
+    r = ref.forward(x.astype(np.float64), p64, m1, m2, cfg, akeep)
     for name in ("ln0_mean", "qkv", "sdpa_out", "sdpa_lse", "attn_out", "ln1_mean", "fc1_out", "out"):
         np.testing.assert_allclose(outs[name], r[name], rtol=2e-4, atol=2e-4, err_msg=name)
     np.testing.assert_allclose(outs["ln0_rstd"], r["ln0_rstd"], rtol=2e-4, err_msg="ln0_rstd")
-    g = ref.backward(dout.astype(np.float64), x.astype(np.float64), p64, m1, m2, CFG)
+    g = ref.backward(dout.astype(np.float64), x.astype(np.float64), p64, m1, m2, cfg, akeep)
     for name in BACKWARD_OUTPUTS:
         scale = np.abs(g[name]).max()
         np.testing.assert_allclose(grads[name], g[name], rtol=1e-3, atol=1e-3 * scale, err_msg=name)
@@ -113,11 +122,11 @@ def test_bad_configuration_is_a_clear_error():
 def test_cuda_bf16_layer_matches_float64_reference():
     # The layer as the GPU benchmark runs it (bf16 storage, cuBLASLt GEMMs with fused bias, cuDNN
     # attention, NVRTC normalization and pointwise kernels, the weight gradients' transposed
-    # operands read in place), at a size where cuDNN's head-dim rules hold; against float64 from
-    # the same bf16-rounded inputs and the masks the forward returns.
+    # operands read in place, attention dropout through meshfuse's Philox mask), at a size where
+    # cuDNN's head-dim rules hold; against float64 from the same bf16-rounded inputs and the masks
+    # the forward returns (the attention's from its returned Philox seed and offset).
     import torch
-    cfg = TransformerConfig(batch=2, sequence=96, heads=2, hidden=128, dtype=DataType.BFloat16, dropout_p=0.1,
-                            attention_dropout_p=0.0)
+    cfg = TransformerConfig(batch=2, sequence=96, heads=2, hidden=128, dtype=DataType.BFloat16, dropout_p=0.1)
     # Weights at 1/sqrt(fan_in), as a trained layer has them: bf16 rounding then stays small
     # against the values instead of growing with each product.
     rng = np.random.default_rng(11)
@@ -134,12 +143,14 @@ def test_cuda_bf16_layer_matches_float64_reference():
     as64 = {n: t.double().cpu().numpy() for n, t in dev.items()}
     m1, m2 = (outs[n].cpu().numpy().astype(bool) for n in ("attn_dropout_mask", "mlp_dropout_mask"))
     assert 0.8 < m1.mean() < 0.97
+    akeep = dropout_keep([cfg.batch, cfg.heads, cfg.sequence, cfg.sequence], outs["sdpa_seed"], outs["sdpa_offset"],
+                         cfg.sdpa_dropout_p)
     p64 = {n: as64[n] for n in PARAMETERS}
-    r = ref.forward(as64["x"], p64, m1, m2, cfg)
+    r = ref.forward(as64["x"], p64, m1, m2, cfg, akeep)
     for name in ("qkv", "sdpa_out", "attn_out", "fc1_out", "out"):
         got = outs[name].double().cpu().numpy()
         np.testing.assert_allclose(got, r[name], rtol=5e-2, atol=3e-2 * np.abs(r[name]).max(), err_msg=name)
-    g = ref.backward(as64["grad_out"], as64["x"], p64, m1, m2, cfg)
+    g = ref.backward(as64["grad_out"], as64["x"], p64, m1, m2, cfg, akeep)
     for name in BACKWARD_OUTPUTS:
         got = grads[name].double().cpu().numpy()
         np.testing.assert_allclose(got, g[name], rtol=5e-2, atol=3e-2 * np.abs(g[name]).max(), err_msg=name)

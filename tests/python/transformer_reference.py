@@ -29,8 +29,9 @@ def gelu_grad(u):
     return 0.5 * (1 + t) + 0.5 * u * (1 - t * t) * GELU_C * (1 + 3 * GELU_A * u * u)
 
 
-def attention(q, k, v, causal):
-    """softmax(q k^T / sqrt(d)) v over [b, h, s, d]; also the softmax and log-sum-exp."""
+def attention(q, k, v, causal, z=None):
+    """softmax(q k^T / sqrt(d)) v over [b, h, s, d], the softmax dropped and rescaled by `z` (the
+    keep mask over 1 - p) when given; also the softmax (before dropout) and log-sum-exp."""
     scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     if causal:
         s_q, s_k = scores.shape[-2:]
@@ -38,12 +39,14 @@ def attention(q, k, v, causal):
     m = scores.max(-1, keepdims=True)
     p = np.exp(scores - m)
     denom = p.sum(-1, keepdims=True)
-    return (p / denom) @ v, p / denom, (m + np.log(denom))[..., 0]
+    dropped = p / denom if z is None else p / denom * z
+    return dropped @ v, p / denom, (m + np.log(denom))[..., 0]
 
 
-def attention_backward(dout, q, k, v, p):
-    dv = np.swapaxes(p, -1, -2) @ dout
-    dp = dout @ np.swapaxes(v, -1, -2)
+def attention_backward(dout, q, k, v, p, z=None):
+    z = 1.0 if z is None else z
+    dv = np.swapaxes(p * z, -1, -2) @ dout
+    dp = (dout @ np.swapaxes(v, -1, -2)) * z
     ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(q.shape[-1])
     return ds @ k, np.swapaxes(ds, -1, -2) @ q, dv
 
@@ -60,15 +63,21 @@ def _split_qkv(qkv, h):
     return [t[..., i * dh:(i + 1) * dh].transpose(0, 2, 1, 3) for i in range(3)]
 
 
-def forward(x, p, mask1, mask2, cfg):
-    """Every intermediate the backward needs, and `out`."""
+def _attention_z(cfg, attn_keep):
+    """The attention dropout's keep mask over 1 - p (None without attention dropout)."""
+    return None if attn_keep is None else attn_keep / (1.0 - cfg.sdpa_dropout_p)
+
+
+def forward(x, p, mask1, mask2, cfg, attn_keep=None):
+    """Every intermediate the backward needs, and `out`; `attn_keep` is the attention dropout's
+    keep mask [b, h, s, s] (bool) when the layer drops inside attention."""
     keep = 1.0 - cfg.dropout_p
     r = {}
     ln0, r["ln0_mean"], r["ln0_rstd"], r["xhat0"] = layer_norm(x, p["ln0_weight"], p["ln0_bias"], cfg.eps)
     r["ln0"] = ln0
     r["qkv"] = ln0 @ p["qkv_weight"].T + p["qkv_bias"]
     q, k, v = _split_qkv(r["qkv"], cfg.heads)
-    r["sdpa_out"], r["probs"], r["sdpa_lse"] = attention(q, k, v, cfg.causal)
+    r["sdpa_out"], r["probs"], r["sdpa_lse"] = attention(q, k, v, cfg.causal, _attention_z(cfg, attn_keep))
     b, h, s, dh = r["sdpa_out"].shape
     r["merged"] = r["sdpa_out"].transpose(0, 2, 1, 3).reshape(b, s, h * dh)
     r["attn_out"] = r["merged"] @ p["out_weight"].T + p["out_bias"]
@@ -88,10 +97,10 @@ def _linear_backward(dy, x, w):
     return (dy2 @ w).reshape(b, s, -1), dy2.T @ x2, dy2.sum(0)
 
 
-def backward(dout, x, p, mask1, mask2, cfg):
+def backward(dout, x, p, mask1, mask2, cfg, attn_keep=None):
     """Gradients of sum(out * dout): grad_x and grad_<parameter>."""
     keep = 1.0 - cfg.dropout_p
-    r = forward(x, p, mask1, mask2, cfg)
+    r = forward(x, p, mask1, mask2, cfg, attn_keep)
     g = {}
     dfc2 = dout * mask2 / keep
     dgelu, g["grad_fc2_weight"], g["grad_fc2_bias"] = _linear_backward(dfc2, r["gelu"], p["fc2_weight"])
@@ -103,7 +112,7 @@ def backward(dout, x, p, mask1, mask2, cfg):
     dattn = dh1 * mask1 / keep
     dmerged, g["grad_out_weight"], g["grad_out_bias"] = _linear_backward(dattn, r["merged"], p["out_weight"])
     q, k, v = _split_qkv(r["qkv"], cfg.heads)
-    dq, dk, dv = attention_backward(_heads(dmerged, cfg.heads), q, k, v, r["probs"])
+    dq, dk, dv = attention_backward(_heads(dmerged, cfg.heads), q, k, v, r["probs"], _attention_z(cfg, attn_keep))
     b, h, s, dh = dq.shape
     dqkv = np.concatenate([t.transpose(0, 2, 1, 3) for t in (dq, dk, dv)], axis=3).reshape(b, s, 3 * h * dh)
     dln0, g["grad_qkv_weight"], g["grad_qkv_bias"] = _linear_backward(dqkv, r["ln0"], p["qkv_weight"])
