@@ -1,6 +1,7 @@
 """Fused attention benchmark (issue 13).
 
   python3 benchmarks/attention.py --gpu   # H200: bf16 d=128 fwd/bwd TFLOP/s, meshfuse (cuDNN) vs torch SDPA backends
+  python3 benchmarks/attention.py --gpu --dropout 0 0.1 0.2 --shapes 1,96,2048   # with attention dropout
   python3 benchmarks/attention.py --cpu   # one thread, s=2048: meshfuse's flash kernel vs numpy matmul-softmax-matmul
 
 FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x the forward (five products against two).
@@ -37,44 +38,50 @@ def gpu(args):
         return start.elapsed_time(end) / 1e3 / iters
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cudnn {torch.backends.cudnn.version()}")
-    print(f"{'shape (b,h,s)':>16} {'causal':>6} {'impl':>10} {'fwd TF/s':>9} {'bwd TF/s':>9} {'max|err| vs torch':>18}")
+    # With dropout, meshfuse hands cuDNN its Philox mask (bf16 where bf16 holds 1 / (1 - p) exactly,
+    # as at p = 0.2, else fp32: runtime/cuda/dropout_mask.h) while torch draws its own mask in-kernel;
+    # the outputs then differ by design and the error column is left out.
+    print(f"{'shape (b,h,s)':>16} {'causal':>6} {'dropout':>7} {'impl':>10} {'fwd TF/s':>9} {'bwd TF/s':>9} "
+          f"{'max|err| vs torch':>18}")
     d = 128
-    for b, h, s in [(1, 96, 2048), (4, 32, 4096), (1, 32, 8192)]:
-        for causal in (False, True):
-            q, k, v, go = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            with FusionDefinition() as fwd:
-                tq, tk, tv = (fwd.define_tensor([b, h, s, d], dtype=DataType.BFloat16) for _ in range(3))
-                o, lse, seed, off = fwd.ops.sdpfa_fwd(tq, tk, tv, is_causal=causal)
-                for t in (o, lse, seed, off):
-                    fwd.add_output(t)
-            out, lse_v, seed_v, off_v = fwd.execute([q, k, v])
-            with FusionDefinition() as bwd:
-                tg, tq, tk, tv, to = (bwd.define_tensor([b, h, s, d], dtype=DataType.BFloat16) for _ in range(5))
-                tl = bwd.define_tensor([b, h, s], dtype=DataType.Float)
-                ts, tf = bwd.define_tensor([], dtype=DataType.Int), bwd.define_tensor([], dtype=DataType.Int)
-                for g in bwd.ops.sdpfa_bwd(tg, tq, tk, tv, to, tl, 0.0, causal, ts, tf):
-                    bwd.add_output(g)
-            bargs = [go, q, k, v, out, lse_v, seed_v, off_v]
-            t_f = timed(lambda: fwd.execute([q, k, v]), args.iters)
-            t_b = timed(lambda: bwd.execute(bargs), args.iters)
-            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            err = (out.float() - ref.float()).abs().max().item()
-            print(f"{str((b, h, s)):>16} {str(causal):>6} {'meshfuse':>10} {flops(b, h, s, d, causal) / t_f / 1e12:9.0f} "
-                  f"{flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f} {err:18.4f}", flush=True)
-            for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
-                                  ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
-                try:
-                    with sdpa_kernel([backend]):
-                        qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
-                        t_f = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), args.iters)
-                        o2 = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-                        t_b = timed(lambda: torch.autograd.grad(o2, (qq, kk, vv), go, retain_graph=True), args.iters)
-                    print(f"{'':>16} {'':>6} {name:>10} {flops(b, h, s, d, causal) / t_f / 1e12:9.0f} "
-                          f"{flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f}", flush=True)
-                except RuntimeError as e:
-                    print(f"{'':>16} {'':>6} {name:>10} unavailable: {str(e).splitlines()[0][:60]}")
-            del q, k, v, go, out, lse_v
-            torch.cuda.empty_cache()
+    for (b, h, s), causal, p in ((shape, causal, p) for shape in args.shapes for causal in (False, True)
+                                 for p in args.dropout):
+        q, k, v, go = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        with FusionDefinition() as fwd:
+            tq, tk, tv = (fwd.define_tensor([b, h, s, d], dtype=DataType.BFloat16) for _ in range(3))
+            o, lse, seed, off = fwd.ops.sdpfa_fwd(tq, tk, tv, dropout_p=p, is_causal=causal)
+            for t in (o, lse, seed, off):
+                fwd.add_output(t)
+        out, lse_v, seed_v, off_v = fwd.execute([q, k, v])
+        with FusionDefinition() as bwd:
+            tg, tq, tk, tv, to = (bwd.define_tensor([b, h, s, d], dtype=DataType.BFloat16) for _ in range(5))
+            tl = bwd.define_tensor([b, h, s], dtype=DataType.Float)
+            ts, tf = bwd.define_tensor([], dtype=DataType.Int), bwd.define_tensor([], dtype=DataType.Int)
+            for g in bwd.ops.sdpfa_bwd(tg, tq, tk, tv, to, tl, p, causal, ts, tf):
+                bwd.add_output(g)
+        bargs = [go, q, k, v, out, lse_v, seed_v, off_v]
+        t_f = timed(lambda: fwd.execute([q, k, v]), args.iters)
+        t_b = timed(lambda: bwd.execute(bargs), args.iters)
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        err = f"{(out.float() - ref.float()).abs().max().item():18.4f}" if p == 0 else ""
+        print(f"{str((b, h, s)):>16} {str(causal):>6} {p:>7} {'meshfuse':>10} "
+              f"{flops(b, h, s, d, causal) / t_f / 1e12:9.0f} {flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f} "
+              f"{err}", flush=True)
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            try:
+                with sdpa_kernel([backend]):
+                    qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+                    t_f = timed(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal),
+                                args.iters)
+                    o2 = F.scaled_dot_product_attention(qq, kk, vv, dropout_p=p, is_causal=causal)
+                    t_b = timed(lambda: torch.autograd.grad(o2, (qq, kk, vv), go, retain_graph=True), args.iters)
+                print(f"{'':>16} {'':>6} {'':>7} {name:>10} {flops(b, h, s, d, causal) / t_f / 1e12:9.0f} "
+                      f"{flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f}", flush=True)
+            except RuntimeError as e:
+                print(f"{'':>16} {'':>6} {'':>7} {name:>10} unavailable: {str(e).splitlines()[0][:60]}")
+        del q, k, v, go, out, lse_v
+        torch.cuda.empty_cache()
 
 
 def cpu(args):
@@ -165,7 +172,11 @@ if __name__ == "__main__":
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cpu-dropout", action="store_true", help="CPU: what dropout costs the attention kernels")
+    ap.add_argument("--dropout", type=float, nargs="+", default=[0.0], help="GPU: attention dropout probabilities")
+    ap.add_argument("--shapes", nargs="+", default=["1,96,2048", "4,32,4096", "1,32,8192"],
+                    help="GPU: b,h,s triples (d = 128)")
     a = ap.parse_args()
+    a.shapes = [tuple(int(x) for x in t.split(",")) for t in a.shapes]
     if a.cpu or a.cpu_dropout:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

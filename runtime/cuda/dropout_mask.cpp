@@ -23,26 +23,33 @@ struct Params {
   float threshold;
   unsigned int kept;   // the bits a kept element gets (of a 2- or 4-byte element)
   int element_bytes;
+  int causal;          // top-left causal: (i, j) with j > i is masked out
 };
 extern "C" __global__ void meshfuse_dropout_mask(Params p) {
   if (p.seed_at != nullptr) {
     p.seed = *p.seed_at;
     p.offset = *p.offset_at;
   }
-  const long long stride = (long long)gridDim.x * blockDim.x;
-  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < p.numel; e += stride) {
-    const long long j = e % p.seq_kv, rest = e / p.seq_kv;
-    const long long i = rest % p.seq_q, bh = rest / p.seq_q;
+  // A block per row (b, h, i): the row's indices are divided out once, not per element (64-bit
+  // division is a long instruction sequence), and under a causal mask the elements past the
+  // diagonal, which cuDNN multiplies by a probability of 0, get 0 without their Philox draw.
+  const long long rows = p.numel / p.seq_kv;
+  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+    const long long i = row % p.seq_q, bh = row / p.seq_q;
     const long long h = bh % p.heads, b = bh / p.heads;
-    const unsigned long long g =
+    const unsigned long long base =
         ((unsigned long long)(b + p.batch_offset) * p.global_heads + (h + p.head_offset)) * p.seq_q * p.seq_kv +
-        (unsigned long long)i * p.seq_kv + j;
-    const float u = philoxUnitF(philox4x32(g, p.offset, p.seed).x);
-    const unsigned int bits = u >= p.threshold ? p.kept : 0u;
-    if (p.element_bytes == 4)
-      ((unsigned int*)p.mask)[e] = bits;
-    else
-      ((unsigned short*)p.mask)[e] = (unsigned short)bits;
+        (unsigned long long)i * p.seq_kv;
+    const long long computed = p.causal ? min(p.seq_kv, i + 1) : p.seq_kv;
+    for (long long j = threadIdx.x; j < p.seq_kv; j += blockDim.x) {
+      unsigned int bits = 0u;
+      if (j < computed && philoxUnitF(philox4x32(base + j, p.offset, p.seed).x) >= p.threshold) bits = p.kept;
+      const long long e = row * p.seq_kv + j;
+      if (p.element_bytes == 4)
+        ((unsigned int*)p.mask)[e] = bits;
+      else
+        ((unsigned short*)p.mask)[e] = (unsigned short)bits;
+    }
   }
 }
 )";
@@ -56,6 +63,7 @@ struct Params {
   float threshold;
   unsigned int kept;
   int element_bytes;
+  int causal;
 };
 
 float keepScale(double dropout_p) { return static_cast<float>(1.0 / (1.0 - dropout_p)); }
@@ -93,11 +101,12 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
                 mask.numel(),
                 static_cast<float>(p.dropout_p),
                 keptBits(dtype, keepScale(p.dropout_p)),
-                static_cast<int>(dataTypeSize(dtype))};
+                static_cast<int>(dataTypeSize(dtype)),
+                p.causal ? 1 : 0};
   if (params.numel == 0) return mask;
   KernelFunction kernel = cachedKernel(
       device, "meshfuse_dropout_mask", [] { return dropoutMaskSource(); }, "meshfuse_dropout_mask");
-  const int64_t blocks = std::min<int64_t>((params.numel + 255) / 256, int64_t{multiprocessorCount(device)} * 8);
+  const int64_t blocks = std::min<int64_t>(params.numel / p.seq_kv, int64_t{multiprocessorCount(device)} * 16);
   launchKernel(kernel, static_cast<unsigned>(blocks), 256, currentStream(device), &params);
   return mask;
 }
