@@ -27,21 +27,31 @@ def _plain(t):
 
 
 class _LayerFunction(torch.autograd.Function):
+    # ctx keeps only what the backward fusion reads, never the output: the output's grad_fn is ctx,
+    # so ctx -> output -> ctx would be a reference cycle that only Python's cycle collector frees.
+    # Each step's activations then stayed allocated for ~20 steps (13 MB a step per rank in the
+    # 2-rank benchmark layer), and every step ran on freshly faulted pages instead of the CPU
+    # allocator's cached blocks (~3400 page faults a step).
     @staticmethod
     def forward(ctx, layer, x, *params):
         outs = layer.forward_fusion.execute([_plain(x)] + [_plain(p) for p in params])
         named = dict(zip(_tf.FORWARD_OUTPUTS, outs))
         ctx.layer = layer
-        ctx.saved = {"x": _plain(x), **{n: _plain(p) for n, p in zip(_tf.PARAMETERS, params)}, **named}
-        layer.last_forward = named
+        arrays = {"x": _plain(x), **{n: _plain(p) for n, p in zip(_tf.PARAMETERS, params)}, **named}
+        ctx.saved = {n: arrays[n] for n in layer.backward_fusion.input_names() if n in arrays}
+        # Detached: the output that autograd tracks (and its graph) is not kept alive by the layer.
+        layer.last_forward = {n: t.detach() for n, t in named.items()}
         return named["out"]
 
     @staticmethod
     def backward(ctx, grad_out):
         layer, saved = ctx.layer, ctx.saved
+        ctx.saved = None  # the activations go back to the allocator as soon as the gradients exist
         arrays = dict(saved, grad_out=_plain(grad_out))
+        del saved
         names = layer.backward_fusion.input_names()
-        grads = dict(zip(_tf.BACKWARD_OUTPUTS, layer.backward_fusion.execute([arrays[n] for n in names])))
+        inputs = [arrays.pop(n) for n in names]
+        grads = dict(zip(_tf.BACKWARD_OUTPUTS, layer.backward_fusion.execute(inputs)))
         return (None, grads["grad_x"]) + tuple(grads["grad_" + n] for n in _tf.PARAMETERS)
 
 
