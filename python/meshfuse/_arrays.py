@@ -144,9 +144,13 @@ def _major_version(module):
     return int(module.__version__.split(".")[0])
 
 
+def exports_bool(module):
+    """Whether numpy or torch (the module) knows DLPack's bool code (numpy >= 2, torch >= 2)."""
+    return _major_version(module) >= 2
+
+
 def _exports_bool(obj):
-    """Whether obj's library knows DLPack's bool code (numpy >= 2, torch >= 2)."""
-    return _major_version(np if isinstance(obj, np.ndarray) else _torch()) >= 2
+    return exports_bool(np if isinstance(obj, np.ndarray) else _torch())
 
 
 def _uint8_view(obj):

@@ -453,67 +453,70 @@ class FusionDefinition:
 
     def _fast_plan(self):
         """Per input, what a plain array needs to take the fast path: (numpy dtype or None, rank,
-        DataType) for a tensor without a mesh and of a dtype other than Bool, "scalar" for a scalar,
-        None for an input the general path must see. Built once: reading TensorView properties
-        through pybind11 on every execute cost more than the execution of a small cached fusion."""
+        DataType) for a tensor without a mesh, "scalar" for a scalar, None for an input the general
+        checks must see. Built once: reading TensorView properties through pybind11 on every execute
+        cost more than the execution of a small cached fusion."""
         if getattr(self, "_plan", None) is None:
             numpy_of = {dt: npd for npd, dt in _arrays.NUMPY_DTYPES.items()}
+            # numpy < 2 cannot put bool in DLPack (the general path then passes its bytes as uint8).
+            if not _arrays.exports_bool(np):
+                numpy_of.pop(DataType.Bool, None)
             plan = []
             for v in self._fusion.inputs():
                 if not v.is_tensor:
                     plan.append("scalar")
                     continue
-                fast = v.device_mesh is None and v.dtype != DataType.Bool
-                plan.append((numpy_of.get(v.dtype), v.ndim, v.dtype) if fast else None)
+                plan.append((numpy_of.get(v.dtype), v.ndim, v.dtype) if v.device_mesh is None else None)
             bf16_out = any(o.dtype == DataType.BFloat16 for o in self._fusion.outputs())
             self._plan = (plan, bf16_out)
         return self._plan
 
-    def _fast_arguments(self, inputs):
-        """(C++ arguments, whether outputs are torch tensors) when every input takes the fast path
-        (C-contiguous numpy arrays or torch tensors of the defined dtype and rank, numbers), else None:
-        then _arguments checks everything and explains what is wrong."""
-        plan, bf16_out = self._fast_plan()
-        if not isinstance(inputs, (list, tuple)) or len(inputs) != len(plan):
+    @staticmethod
+    def _fast_argument(expected, x, torch_dtypes):
+        """(C++ argument, whether x is a torch tensor) for an input that needs no checks beyond the
+        plan's (a C-contiguous numpy array or torch tensor of the defined dtype and rank, a number),
+        else None."""
+        if expected is None:
             return None
-        torch_dtypes = _arrays.torch_dtype_map()  # {} until the user imports torch
-        args, torch_out = [], False
-        for expected, x in zip(plan, inputs):
-            if expected is None:
+        if expected == "scalar":
+            return (float(x), False) if type(x) is float or type(x) is int else None
+        np_dtype, ndim, dtype = expected
+        if type(x) is np.ndarray:
+            if np_dtype is None or x.dtype != np_dtype or x.ndim != ndim or not x.flags.c_contiguous \
+                    or not x.flags.writeable:
                 return None
-            if expected == "scalar":
-                if type(x) is not float and type(x) is not int:
-                    return None
-                args.append(float(x))
-                continue
-            np_dtype, ndim, dtype = expected
-            if type(x) is np.ndarray:
-                if np_dtype is None or x.dtype != np_dtype or x.ndim != ndim or not x.flags.c_contiguous \
-                        or not x.flags.writeable:
-                    return None
-                args.append(_C.Tensor.from_dlpack(x.__dlpack__()))
-            elif torch_dtypes and torch_dtypes.get(getattr(x, "dtype", None)) == dtype and type(x).__module__ == "torch" \
-                    and x.dim() == ndim and x.is_contiguous() and not x.requires_grad:
-                args.append(_C.Tensor.from_dlpack(_arrays.torch_dlpack_fast(x)))
-                torch_out = True
-            else:
-                return None
-        if bf16_out and not torch_out:
-            return None  # the general path explains why numpy cannot hold the output
-        return args, torch_out
+            return _C.Tensor.from_dlpack(x.__dlpack__()), False
+        if torch_dtypes and torch_dtypes.get(getattr(x, "dtype", None)) == dtype and type(x).__module__ == "torch" \
+                and x.dim() == ndim and x.is_contiguous() and not x.requires_grad:
+            return _C.Tensor.from_dlpack(_arrays.torch_dlpack_fast(x)), True
+        return None
 
     def _arguments(self, inputs):
-        """The checked C++ arguments for `inputs`, and whether outputs are torch tensors."""
-        fast = self._fast_arguments(inputs)
-        if fast is not None:
-            return fast
-        fusion_inputs = self._fusion.inputs()
-        _validation.check_input_count(fusion_inputs, inputs)
-        rank = _lazy_rank()
-        args = [_validation.tensor_argument(v, x, rank) if v.is_tensor else _validation.check_scalar(v, x)
-                for v, x in zip(fusion_inputs, inputs)]
-        torch_out = any(_arrays.is_torch_tensor(x) for x in inputs)
-        if not torch_out:
+        """The checked C++ arguments for `inputs`, and whether outputs are torch tensors. Each input
+        takes the fast path where it can (_fast_argument); the others get the general checks, which
+        explain what is wrong: one odd input (a bool mask, a strided view, a sharded tensor) no longer
+        sends every input of the call through them."""
+        plan, bf16_out = self._fast_plan()
+        fusion_inputs = None
+        if not isinstance(inputs, (list, tuple)) or len(inputs) != len(plan):
+            fusion_inputs = self._fusion.inputs()
+            _validation.check_input_count(fusion_inputs, inputs)
+        torch_dtypes = _arrays.torch_dtype_map()  # {} until the user imports torch
+        rank = None
+        args, torch_out = [], False
+        for i, (expected, x) in enumerate(zip(plan, inputs)):
+            fast = self._fast_argument(expected, x, torch_dtypes)
+            if fast is not None:
+                args.append(fast[0])
+                torch_out = torch_out or fast[1]
+                continue
+            if fusion_inputs is None:
+                fusion_inputs = self._fusion.inputs()
+                rank = _lazy_rank()
+            v = fusion_inputs[i]
+            args.append(_validation.tensor_argument(v, x, rank) if v.is_tensor else _validation.check_scalar(v, x))
+            torch_out = torch_out or _arrays.is_torch_tensor(x)
+        if bf16_out and not torch_out:
             for out in self._fusion.outputs():
                 if out.dtype == DataType.BFloat16:
                     raise TypeError(f"{out.name}: a BFloat16 output cannot be returned as a numpy array (numpy "

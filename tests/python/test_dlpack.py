@@ -217,8 +217,8 @@ def test_torch_cuda_in_cuda_out():
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_torch_fast_path_matches_and_rejects_what_it_cannot_take(device):
     """Contiguous torch tensors of the defined dtype take execute's fast path (no per-input
-    validation); a wrong dtype, a non-contiguous view or a tensor that requires grad falls back to
-    the general path, which raises its usual errors."""
+    validation); a wrong dtype, a non-contiguous view or a tensor that requires grad goes through
+    the general checks (that input alone), which raise their usual errors."""
     torch = pytest.importorskip("torch")
     if device == "cuda" and (not torch.cuda.is_available()
                              or not _C.Communicator.instance().is_available(_C.CommunicatorBackend.cuda)):
@@ -230,7 +230,7 @@ def test_torch_fast_path_matches_and_rejects_what_it_cannot_take(device):
         fd.add_output(fd.ops.cast(fd.ops.mul(a, 3.0), DataType.BFloat16))
     x = torch.randn(16, 24, device=device)
     y = torch.randn(16, 24, device=device).to(torch.bfloat16)
-    assert fd._fast_arguments([x, y]) is not None
+    assert fast_inputs(fd, [x, y]) == [True, True]
     for _ in range(2):  # the second run is served from the cache
         out, scaled = fd.execute([x, y])
         torch.testing.assert_close(out, x + y.float(), rtol=1e-6, atol=1e-6)
@@ -239,8 +239,16 @@ def test_torch_fast_path_matches_and_rejects_what_it_cannot_take(device):
     with pytest.raises(TypeError, match="expected dtype Float"):
         fd.execute([x.double(), y])
     view = torch.randn(24, 16, device=device).t()
-    assert fd._fast_arguments([view, y]) is None
-    assert fd._fast_arguments([x.requires_grad_(True), y]) is None
+    assert fast_inputs(fd, [view, y]) == [False, True]
+    assert fast_inputs(fd, [x.requires_grad_(True), y]) == [False, True]
+    out, _ = fd.execute([view, y])  # the view alone takes the general path
+    torch.testing.assert_close(out, view + y.float(), rtol=1e-6, atol=1e-6)
+
+
+def fast_inputs(fd, inputs):
+    """Which inputs execute() would take through its fast path."""
+    plan, _ = fd._fast_plan()
+    return [fd._fast_argument(e, x, _arrays.torch_dtype_map()) is not None for e, x in zip(plan, inputs)]
 
 
 def test_torch_inputs_on_a_side_stream_are_ordered():
@@ -259,3 +267,26 @@ def test_torch_inputs_on_a_side_stream_are_ordered():
             y = x * 3.0  # queued on the side stream; meshfuse must see it finished
             (out,) = fd.execute([y])
             torch.testing.assert_close(out, x * 6.0, rtol=1e-6, atol=1e-6)
+
+
+def test_numpy_inputs_take_the_fast_path_one_by_one(rng):
+    """Each input takes the fast path where it can: a strided view among contiguous arrays (or a
+    bool mask under numpy < 2) is checked alone, the result is the same, and a bad input among
+    fast ones is still an error naming it."""
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1])
+        keep = fd.define_tensor([-1, -1], DataType.Bool)
+        b = fd.define_tensor([-1, -1])
+        s = fd.define_scalar(dtype=DataType.Double)
+        fd.add_output(fd.ops.where(keep, fd.ops.add(a, fd.ops.mul(b, s)), fd.ops.neg(a)))
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    mask = rng.random((5, 7)) < 0.5
+    view = rng.standard_normal((7, 5)).astype(np.float32).T  # strided: the general path
+    expected = [True, _arrays.exports_bool(np), False, True]
+    assert fast_inputs(fd, [x, mask, view, 1.5]) == expected
+    (out,) = fd.execute([x, mask, view, 1.5])
+    np.testing.assert_allclose(out, np.where(mask, x + view * 1.5, -x), rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match="expected dtype Float, got Double"):
+        fd.execute([x, mask, np.ascontiguousarray(view, dtype=np.float64), 1.5])
+    with pytest.raises(ValueError, match="expected 4 inputs"):
+        fd.execute([x, mask, view])
