@@ -2,12 +2,25 @@
 // transposed row-major (any leading dimension) go to sgemm/dgemm as they are, with CblasTrans and
 // lda/ldb; other layouts are made contiguous first. 16-bit floats are multiplied in float32,
 // integers and bools in an int64 loop. A batch that folds into the rows of A (x[B, S, K] @ w) is
-// one gemm call; other batches are one call each.
+// one gemm call; other batches are one call each. float32 GEMMs go to oneDNN's sgemm instead when
+// libmeshfuse is built with it (blas_core.h: floatGemm).
 #include <cblas.h>
+#if MESHFUSE_HAVE_DNNL
+#include <dnnl.h>
+constexpr bool kHaveDnnl = true;
+#else
+constexpr bool kHaveDnnl = false;
+#endif
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
+
+#include "runtime/cpu/blas_core.h"
 
 #include "runtime/cpu/convert.h"
 #include "runtime/cpu/cpu_kernels.h"
@@ -18,9 +31,35 @@ namespace meshfuse::cpu {
 
 namespace {
 
+FloatGemm defaultFloatGemm() {
+  const char* env = std::getenv("MESHFUSE_CPU_GEMM");
+  if (env && std::strcmp(env, "openblas") == 0) return FloatGemm::OpenBlas;
+  return haveOneDnnGemm() ? FloatGemm::OneDnn : FloatGemm::OpenBlas;
+}
+
+std::atomic<FloatGemm>& floatGemmChoice() {
+  static std::atomic<FloatGemm> choice{defaultFloatGemm()};
+  return choice;
+}
+
 // C[M, N] (row stride ldc) = op(A)[M, K] @ op(B)[K, N] (+ C when accumulate).
 void gemm(const MatrixLayout& la, const MatrixLayout& lb, int64_t m, int64_t n, int64_t k, const float* a,
           const float* b, float* c, int64_t ldc, bool accumulate) {
+#if MESHFUSE_HAVE_DNNL
+  if (floatGemm() == FloatGemm::OneDnn) {
+    // dnnl_sgemm takes row-major matrices, as cblas_sgemm with CblasRowMajor does.
+    const dnnl_status_t status =
+        dnnl_sgemm(la.transposed ? 'T' : 'N', lb.transposed ? 'T' : 'N', m, n, k, 1.0f, a, la.ld, b, lb.ld,
+                   accumulate ? 1.0f : 0.0f, c, ldc);
+    if (status != dnnl_success) {
+      std::ostringstream what;
+      what << "CPU matmul: oneDNN sgemm failed (status " << status << ") on [" << m << ", " << k << "] x [" << k
+           << ", " << n << "]";
+      throw std::runtime_error(what.str());
+    }
+    return;
+  }
+#endif
   cblas_sgemm(CblasRowMajor, la.transposed ? CblasTrans : CblasNoTrans, lb.transposed ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(la.ld), b,
               static_cast<int>(lb.ld), accumulate ? 1.0f : 0.0f, c, static_cast<int>(ldc));
@@ -183,6 +222,16 @@ void runLinearExpr(const Expr& e, ValueMap& values, const ShapeMap& shapes, Tens
 }
 
 }  // namespace
+
+bool haveOneDnnGemm() { return kHaveDnnl; }
+
+FloatGemm floatGemm() { return floatGemmChoice().load(std::memory_order_relaxed); }
+
+void setFloatGemm(FloatGemm gemm) {
+  if (gemm == FloatGemm::OneDnn && !haveOneDnnGemm())
+    throw std::invalid_argument("setFloatGemm: libmeshfuse was built without oneDNN (CMake MESHFUSE_DNNL)");
+  floatGemmChoice().store(gemm, std::memory_order_relaxed);
+}
 
 void runMatmul(const Segment& seg, ValueMap& values, const ShapeMap& shapes) {
   const Expr& e = soleExpr(seg);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/ops.h"
+#include "runtime/cpu/blas_core.h"
 #include "test_cpu_reference.h"
 
 namespace meshfuse {
@@ -123,6 +124,40 @@ TEST(CpuLinear, StridedInputs) {
   Tensor bias = randomTensor({19}, DataType::Float, seed++);
   checkLinear(DataType::Float, x_perm, randomTensor({19, 33}, DataType::Float, seed++), &bias, "permuted x");
   checkLinear(DataType::Float, x_rows, w_t, &bias, "sliced x, transposed w");
+}
+
+// float32 GEMMs through each library this build has (OpenBLAS; oneDNN's sgemm with MESHFUSE_DNNL):
+// every operand layout the scheduler passes in place, batches, and linear's bias accumulation, on
+// shapes past the libraries' register and cache blocks.
+TEST(CpuMatmul, EveryFloatGemmLibrary) {
+  const cpu::FloatGemm chosen = cpu::floatGemm();
+  std::vector<cpu::FloatGemm> libraries{cpu::FloatGemm::OpenBlas};
+  if (cpu::haveOneDnnGemm()) libraries.push_back(cpu::FloatGemm::OneDnn);
+  const DataType dt = DataType::Float;
+  for (cpu::FloatGemm library : libraries) {
+    cpu::setFloatGemm(library);
+    const std::string name = library == cpu::FloatGemm::OneDnn ? "oneDNN " : "OpenBLAS ";
+    uint64_t seed = 60;
+    Tensor at = randomTensor({290, 97}, dt, seed++).permute({1, 0});  // [97, 290], transposed
+    Tensor bt = randomTensor({133, 290}, dt, seed++).permute({1, 0});  // [290, 133], transposed
+    checkMatmul(dt, randomTensor({97, 290}, dt, seed++), randomTensor({290, 133}, dt, seed++), name + "A B");
+    checkMatmul(dt, at, randomTensor({290, 133}, dt, seed++), name + "A^T B");
+    checkMatmul(dt, randomTensor({97, 290}, dt, seed++), bt, name + "A B^T");
+    checkMatmul(dt, at, bt, name + "A^T B^T");
+    checkMatmul(dt, randomTensor({97, 300}, dt, seed++).slice(1, 3, 290), randomTensor({290, 133}, dt, seed++),
+                name + "lda 300");
+    checkMatmul(dt, randomTensor({3, 41, 57}, dt, seed++).permute({0, 2, 1}), randomTensor({3, 41, 29}, dt, seed++),
+                name + "batched A^T");
+    checkMatmul(dt, randomTensor({4, 37, 64}, dt, seed++), randomTensor({64, 70}, dt, seed++), name + "batch in rows");
+    checkMatmul(dt, randomTensor({1, 8}, dt, seed++), randomTensor({8, 1}, dt, seed++), name + "1x1");
+    Tensor bias = randomTensor({136}, dt, seed++);
+    checkLinear(dt, randomTensor({2, 48, 200}, dt, seed++), randomTensor({136, 200}, dt, seed++), &bias,
+                name + "linear+bias");
+    checkLinear(dt, randomTensor({2, 48, 200}, dt, seed++), randomTensor({136, 200}, dt, seed++), nullptr,
+                name + "linear");
+  }
+  cpu::setFloatGemm(chosen);
+  if (!cpu::haveOneDnnGemm()) EXPECT_THROW(cpu::setFloatGemm(cpu::FloatGemm::OneDnn), std::invalid_argument);
 }
 
 }  // namespace
