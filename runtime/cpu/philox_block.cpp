@@ -1,7 +1,7 @@
 // philoxWords has two builds: an AVX-512 one with intrinsics, picked at run time where the CPU has
 // AVX-512, and the portable loop (itself cloned for AVX2 and the baseline). For AVX-512 GCC
 // vectorizes the portable loop with 64-bit lane multiplies (vpmullq, several micro-ops each); the
-// round needs only 32 x 32 -> 64-bit products, which vpmuludq makes in one, for every other lane.
+// round needs only 32 x 32 -> 64-bit products, which vpmuludq makes in one.
 // Built with -ffp-contract=off (CMakeLists.txt): uniformFloats must round the product before the
 // sum, or a clone would fuse them and differ from the CUDA kernels.
 #include "runtime/cpu/philox_block.h"
@@ -38,49 +38,63 @@ void philoxWordsPortable(const uint64_t* index, int64_t begin, int64_t n, uint64
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// The high and low 32 bits of a * b for each 32-bit lane of `a` (b: the constant in every lane).
-// vpmuludq multiplies the even lanes; the odd lanes are shifted down and multiplied the same way.
-__attribute__((target("avx512f"))) inline void mulHiLo(__m512i a, __m512i b, __m512i& hi, __m512i& lo) {
-  const __m512i even = _mm512_mul_epu32(a, b);
-  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), b);
-  constexpr __mmask16 kOdd = 0xAAAA;
-  hi = _mm512_mask_blend_epi32(kOdd, _mm512_srli_epi64(even, 32), odd);
-  lo = _mm512_mask_blend_epi32(kOdd, even, _mm512_slli_epi64(odd, 32));
+// Each counter's four state words sit in the low halves of 64-bit lanes, 8 counters a vector:
+// vpmuludq then makes a round's full 32 x 32 -> 64-bit product in one instruction (the low word is
+// the product's low half as it is, the high word one shift away), and the three-way xor is one
+// vpternlogq. The high halves of the lanes carry junk that never reaches a low half (vpmuludq reads
+// only the low halves; xor is lane-wise). kVectors vectors are in flight at once, so that the
+// multiplier's latency is hidden: 1.8 ns a counter on this Xeon against 2.4 for 16 counters in
+// 32-bit lanes with the products' halves blended back.
+constexpr int kVectors = 4;
+
+template <int V>
+__attribute__((target("avx512f"))) inline int64_t philoxLanes(const uint64_t* index, int64_t n, uint64_t offset,
+                                                              uint64_t seed, uint32_t* const w[4]) {
+  const __m512i m0 = _mm512_set1_epi64(kMul0), m1 = _mm512_set1_epi64(kMul1);
+  __m512i k0[10], k1[10];
+  uint32_t a = static_cast<uint32_t>(seed), b = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r, a += kWeyl0, b += kWeyl1) {
+    k0[r] = _mm512_set1_epi64(a);
+    k1[r] = _mm512_set1_epi64(b);
+  }
+  const __m512i o0 = _mm512_set1_epi64(static_cast<uint32_t>(offset)), o1 = _mm512_set1_epi64(offset >> 32);
+  int64_t i = 0;
+  for (; i + 8 * V <= n; i += 8 * V) {
+    __m512i c[V][4];
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      c[v][0] = _mm512_loadu_si512(index + i + 8 * v);  // the counter's low word (and its high word above it)
+      c[v][1] = _mm512_srli_epi64(c[v][0], 32);
+      c[v][2] = o0;
+      c[v][3] = o1;
+    }
+#pragma GCC unroll 10
+    for (int r = 0; r < 10; ++r) {
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        const __m512i p0 = _mm512_mul_epu32(c[v][0], m0), p1 = _mm512_mul_epu32(c[v][2], m1);
+        c[v][0] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), c[v][1], k0[r], 0x96);  // a ^ b ^ c
+        c[v][2] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), c[v][3], k1[r], 0x96);
+        c[v][1] = p1;
+        c[v][3] = p0;
+      }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k)
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w[k] + i + 8 * v), _mm512_cvtepi64_epi32(c[v][k]));
+  }
+  return i;
 }
 
 __attribute__((target("avx512f"))) void philoxWordsAvx512(const uint64_t* index, int64_t n, uint64_t offset,
                                                           uint64_t seed, uint32_t* w0, uint32_t* w1, uint32_t* w2,
                                                           uint32_t* w3) {
-  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kMul0)), m1 = _mm512_set1_epi32(static_cast<int>(kMul1));
-  // The 16 indices' low and high words: two loads of 8 uint64, split by a permutation.
-  const __m512i low_words = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i high_words = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i a = _mm512_loadu_si512(index + i), b = _mm512_loadu_si512(index + i + 8);
-    __m512i c0 = _mm512_permutex2var_epi32(a, low_words, b);
-    __m512i c1 = _mm512_permutex2var_epi32(a, high_words, b);
-    __m512i c2 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset)));
-    __m512i c3 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset >> 32)));
-    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-    for (int r = 0; r < 10; ++r) {
-      __m512i hi0, lo0, hi1, lo1;
-      mulHiLo(c0, m0, hi0, lo0);
-      mulHiLo(c2, m1, hi1, lo1);
-      const __m512i n0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32(static_cast<int>(k0)));
-      const __m512i n2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32(static_cast<int>(k1)));
-      c1 = lo1;
-      c3 = lo0;
-      c0 = n0;
-      c2 = n2;
-      k0 += kWeyl0;
-      k1 += kWeyl1;
-    }
-    _mm512_storeu_si512(w0 + i, c0);
-    _mm512_storeu_si512(w1 + i, c1);
-    _mm512_storeu_si512(w2 + i, c2);
-    _mm512_storeu_si512(w3 + i, c3);
-  }
+  uint32_t* const w[4] = {w0, w1, w2, w3};
+  int64_t i = philoxLanes<kVectors>(index, n, offset, seed, w);
+  uint32_t* const rest[4] = {w0 + i, w1 + i, w2 + i, w3 + i};
+  i += philoxLanes<1>(index + i, n - i, offset, seed, rest);
   philoxWordsPortable(index, i, n, offset, seed, w0, w1, w2, w3);
 }
 #pragma GCC diagnostic pop
