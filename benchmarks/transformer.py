@@ -195,7 +195,9 @@ def kernel_profile(label, fn, sync, top=8):
     wall = (time.perf_counter() - start) * 1e3
     by_name, busy = {}, 0.0
     for e in prof.events():
-        us = getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) or 0.0
+        # device_time (torch >= 2.4); cuda_time only where it is missing (it warns as deprecated).
+        us = e.device_time if hasattr(e, "device_time") else getattr(e, "cuda_time", 0.0)
+        us = us or 0.0
         if str(getattr(e, "device_type", "")).endswith("CUDA") and us:
             busy += us / 1e3
             by_name[e.name] = by_name.get(e.name, 0.0) + us / 1e3
