@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/element_traits.h"
@@ -178,6 +180,50 @@ std::shared_ptr<RandomIndexing> randomIndexing(const Segment& seg, const Expr* e
   return r;
 }
 
+// Renumbers the program's tile buffers so that a value's buffer is reused once the last step reading
+// it has run (the values the stores read stay to the tile's end; a step's result never shares a
+// buffer with its own operands). A long chain, such as the 18-op GELU backward, then needs a few
+// buffers instead of one per value, so its tiles stay long (tileLength) and the per-tile work of
+// the steps is spread over more elements.
+void packSlots(Program& p) {
+  constexpr int kForever = std::numeric_limits<int>::max();
+  std::vector<int> last_use(static_cast<size_t>(p.num_slots), -1);
+  for (int i = 0; i < static_cast<int>(p.steps.size()); ++i)
+    for (const Operand* o : {&p.steps[i].a, &p.steps[i].b, &p.steps[i].c})
+      if (o->slot >= 0) last_use[o->slot] = i;
+  for (const Store& st : p.stores) last_use[st.slot] = kForever;
+
+  std::vector<int> renamed(static_cast<size_t>(p.num_slots), -1);
+  std::vector<int> free_slots;  // kept sorted, largest first: the lowest free buffer is reused
+  int count = 0;
+  const auto take = [&] {
+    if (free_slots.empty()) return count++;
+    const int slot = free_slots.back();
+    free_slots.pop_back();
+    return slot;
+  };
+  const auto release = [&](int slot) {
+    free_slots.insert(std::upper_bound(free_slots.begin(), free_slots.end(), slot, std::greater<>()), slot);
+  };
+  for (Load& l : p.loads) l.slot = renamed[l.slot] = take();  // all loaded at the tile's start
+  for (int i = 0; i < static_cast<int>(p.steps.size()); ++i) {
+    Step& step = p.steps[i];
+    std::vector<int> dying;
+    for (Operand* o : {&step.a, &step.b, &step.c}) {
+      if (o->slot < 0) continue;
+      if (last_use[o->slot] == i && std::find(dying.begin(), dying.end(), o->slot) == dying.end())
+        dying.push_back(o->slot);
+      o->slot = renamed[o->slot];
+    }
+    const int old_out = step.out;
+    step.out = renamed[old_out] = take();
+    for (int slot : dying) release(renamed[slot]);
+    if (last_use[old_out] < i) release(step.out);  // read by no later step and not stored
+  }
+  for (Store& st : p.stores) st.slot = renamed[st.slot];
+  p.num_slots = count;
+}
+
 Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs, const ValueMap& values,
                      const ShapeMap& shapes) {
   Program p;
@@ -244,6 +290,7 @@ Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs
     else
       p.stores.push_back({slot.at(out), t});
   }
+  packSlots(p);
   return p;
 }
 

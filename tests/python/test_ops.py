@@ -293,3 +293,32 @@ def test_broadcast_of_a_value_the_open_segment_computes_is_not_launched_ahead(rn
     (out,) = fd.execute([x, y])
     np.testing.assert_allclose(out, y.astype(np.float64) * np.exp(-x.astype(np.float64)), rtol=1e-5)
     assert launches(fd) == ["pointwise", "view", "pointwise"], fd.host_ir()
+
+
+@pytest.mark.parametrize("n", [1, 1000, 70001])
+def test_long_pointwise_chain_reusing_tile_buffers(rng, n):
+    # One pointwise segment whose values outlive many steps (x is read first and last, y squared by
+    # itself), with an intermediate that is also an output: the CPU executor reuses a value's tile
+    # buffer once its last reader ran, which must never hand a live value's buffer to another.
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1])
+        y = fd.define_tensor([-1])
+        t = fd.ops.mul(y, y)
+        mid = None
+        for i in range(24):
+            t = fd.ops.add(fd.ops.mul(t, 0.5), fd.ops.tanh(t)) if i % 2 else fd.ops.sub(t, fd.ops.mul(y, 0.25))
+            if i == 11:
+                mid = t
+                fd.add_output(mid)
+        fd.add_output(fd.ops.add(fd.ops.mul(t, x), mid))
+    a, b = random_array(rng, [n], np.float32), random_array(rng, [n], np.float32)
+    got_mid, got = fd.execute([a, b])
+    x64, y64 = a.astype(np.float64), b.astype(np.float64)
+    t = y64 * y64
+    for i in range(24):
+        t = t * 0.5 + np.tanh(t) if i % 2 else t - y64 * 0.25
+        if i == 11:
+            mid = t
+    np.testing.assert_allclose(got_mid, mid, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, t * x64 + mid, rtol=1e-5, atol=1e-5)
+    assert launches(fd) == ["pointwise"]
