@@ -29,6 +29,10 @@ struct AttentionParams {
   }
 };
 
+// What a kept element is multiplied by under dropout: 1 / (1 - p). One definition for the CPU kernel
+// and the CUDA mask, which must scale by the same float.
+inline double dropoutKeepScale(double dropout_p) { return 1.0 / (1.0 - dropout_p); }
+
 // The op's scale operand: NaN (None) means 1/sqrt(head_dim).
 inline double resolveScale(double scale, int64_t head_dim) {
   return std::isnan(scale) ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : scale;

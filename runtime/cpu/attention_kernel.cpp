@@ -48,7 +48,7 @@ int64_t visibleKeys(const AttentionParams& p, int64_t i, int64_t j0, int64_t bk)
 template <typename T>
 void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64_t j0, int64_t bq, int64_t bk, T* z) {
   const float threshold = static_cast<float>(p.dropout_p);
-  const T keep = static_cast<T>(1.0 / (1.0 - p.dropout_p));
+  const T keep = static_cast<T>(dropoutKeepScale(p.dropout_p));
   uint64_t index[kTileK];
   uint32_t w[4][kTileK];
   for (int64_t r = 0; r < bq; ++r) {

@@ -15,7 +15,7 @@ struct BlasCore {
   std::string detected;  // OpenBLAS's core when libmeshfuse loaded ("" without OpenBLAS's corename)
   std::string active;    // its core now
   bool switched = false;
-  std::string reason;    // why it was or was not switched
+  std::string reason;  // why it was or was not switched
 };
 
 // What happened when libmeshfuse loaded (decided once, at load).
@@ -36,17 +36,5 @@ bool switchBlasCore(const std::string& core);
 
 // openblas_get_corename(), or "" when this BLAS has none.
 std::string blasCoreName();
-
-// The library that float32 GEMMs (matmul and linear segments) run through. oneDNN's sgemm (the
-// oneDNN torch links) reads the same row-major/transposed operands as cblas_sgemm and runs the
-// transformer layer's shapes 5-15% faster than OpenBLAS 0.3.21 here; double, integer and attention
-// GEMMs stay on OpenBLAS.
-enum class FloatGemm { OpenBlas, OneDnn };
-// OneDnn when libmeshfuse was built with oneDNN (CMake MESHFUSE_DNNL) unless MESHFUSE_CPU_GEMM=openblas
-// (read once), else OpenBlas.
-FloatGemm floatGemm();
-bool haveOneDnnGemm();
-// Overrides the choice (tests, A/B measurements); OneDnn without oneDNN throws std::invalid_argument.
-void setFloatGemm(FloatGemm gemm);
 
 }  // namespace meshfuse::cpu

@@ -3,7 +3,7 @@
 // lda/ldb; other layouts are made contiguous first. 16-bit floats are multiplied in float32,
 // integers and bools in an int64 loop. A batch that folds into the rows of A (x[B, S, K] @ w) is
 // one gemm call; other batches are one call each. float32 GEMMs go to oneDNN's sgemm instead when
-// libmeshfuse is built with it (blas_core.h: floatGemm).
+// libmeshfuse is built with it (float_gemm.h).
 #include <cblas.h>
 #if MESHFUSE_HAVE_DNNL
 #include <dnnl.h>
@@ -20,10 +20,9 @@ constexpr bool kHaveDnnl = false;
 #include <sstream>
 #include <stdexcept>
 
-#include "runtime/cpu/blas_core.h"
-
 #include "runtime/cpu/convert.h"
 #include "runtime/cpu/cpu_kernels.h"
+#include "runtime/cpu/float_gemm.h"
 #include "runtime/cpu/strided_space.h"
 #include "runtime/matrix_layout.h"
 
@@ -48,13 +47,12 @@ void gemm(const MatrixLayout& la, const MatrixLayout& lb, int64_t m, int64_t n, 
 #if MESHFUSE_HAVE_DNNL
   if (floatGemm() == FloatGemm::OneDnn) {
     // dnnl_sgemm takes row-major matrices, as cblas_sgemm with CblasRowMajor does.
-    const dnnl_status_t status =
-        dnnl_sgemm(la.transposed ? 'T' : 'N', lb.transposed ? 'T' : 'N', m, n, k, 1.0f, a, la.ld, b, lb.ld,
-                   accumulate ? 1.0f : 0.0f, c, ldc);
+    const dnnl_status_t status = dnnl_sgemm(la.transposed ? 'T' : 'N', lb.transposed ? 'T' : 'N', m, n, k, 1.0f, a,
+                                            la.ld, b, lb.ld, accumulate ? 1.0f : 0.0f, c, ldc);
     if (status != dnnl_success) {
       std::ostringstream what;
-      what << "CPU matmul: oneDNN sgemm failed (status " << status << ") on [" << m << ", " << k << "] x [" << k
-           << ", " << n << "]";
+      what << "CPU matmul: oneDNN sgemm failed (status " << status << ") on [" << m << ", " << k << "] x [" << k << ", "
+           << n << "]";
       throw std::runtime_error(what.str());
     }
     return;

@@ -66,7 +66,7 @@ struct Params {
   int causal;
 };
 
-float keepScale(double dropout_p) { return static_cast<float>(1.0 / (1.0 - dropout_p)); }
+float keepScale(double dropout_p) { return static_cast<float>(dropoutKeepScale(dropout_p)); }
 
 uint32_t keptBits(DataType dtype, float value) {
   if (dtype == DataType::Float) return std::bit_cast<uint32_t>(value);

@@ -23,8 +23,8 @@ namespace meshfuse::cuda {
 std::string dropoutMaskSource();
 
 // The mask's dtype for attention in `io` (Half or BFloat16): `io` when it holds the keep scale
-// 1 / (1 - p) exactly (p = 0.5, 0.25, 0.2, ...), else Float, so that a kept element is scaled by
-// exactly the float the CPU kernel uses (bf16 would round 1 / 0.9 by 0.16%).
+// 1 / (1 - p) exactly (p = 0.5, 0.75, 0.2, ...), else Float, so that a kept element is scaled by
+// exactly the float the CPU kernel uses (dropoutKeepScale; bf16 would round 1 / 0.9 by 0.16%).
 DataType dropoutMaskDataType(double dropout_p, DataType io);
 
 // A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half, BFloat16 or Float) on `device`: 0 where

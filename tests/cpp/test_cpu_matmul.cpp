@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/ops.h"
-#include "runtime/cpu/blas_core.h"
+#include "runtime/cpu/float_gemm.h"
 #include "test_cpu_reference.h"
 
 namespace meshfuse {
@@ -138,7 +138,7 @@ TEST(CpuMatmul, EveryFloatGemmLibrary) {
     cpu::setFloatGemm(library);
     const std::string name = library == cpu::FloatGemm::OneDnn ? "oneDNN " : "OpenBLAS ";
     uint64_t seed = 60;
-    Tensor at = randomTensor({290, 97}, dt, seed++).permute({1, 0});  // [97, 290], transposed
+    Tensor at = randomTensor({290, 97}, dt, seed++).permute({1, 0});   // [97, 290], transposed
     Tensor bt = randomTensor({133, 290}, dt, seed++).permute({1, 0});  // [290, 133], transposed
     checkMatmul(dt, randomTensor({97, 290}, dt, seed++), randomTensor({290, 133}, dt, seed++), name + "A B");
     checkMatmul(dt, at, randomTensor({290, 133}, dt, seed++), name + "A^T B");
