@@ -3,6 +3,12 @@ op (or, with --device cuda, torch eager on torch.cuda tensors), and against the 
 execute. On CUDA nothing synchronizes inside the loop: both sides only queue a kernel.
 
     .venv/bin/python benchmarks/host_overhead.py [--iters 20000] [--device cuda]
+    .venv/bin/python benchmarks/host_overhead.py --transformer [--iters 2000]
+
+--transformer: the host side of the transformer layer's backward fusion instead (27 inputs: weights,
+activations, two bool dropout masks, the attention's 0-dim seed and offset), at a tiny size (b=1,
+s=8, e=64, 2 heads) where its kernels take little: a cached execute and, of it, the inputs'
+checks and DLPack imports.
 """
 import argparse
 import time
@@ -22,11 +28,35 @@ def best_of(fn, iters, repeats=5):
     return min(times)
 
 
+def transformer_backward(iters):
+    from meshfuse.models import FORWARD_OUTPUTS, PARAMETERS, TransformerBackward, TransformerConfig
+    from meshfuse.models import TransformerForward
+
+    cfg = TransformerConfig(batch=1, sequence=8, heads=2, hidden=64, dtype=DataType.Float, dropout_p=0.1)
+    rng = np.random.default_rng(0)
+    params = {n: (rng.standard_normal(s) * 0.1).astype(np.float32) for n, s in cfg.parameter_shapes().items()}
+    x = rng.standard_normal((cfg.batch, cfg.sequence, cfg.hidden)).astype(np.float32)
+    outs = dict(zip(FORWARD_OUTPUTS, TransformerForward(cfg).execute([x] + [params[n] for n in PARAMETERS])))
+    bwd = TransformerBackward(cfg)
+    arrays = dict(outs, x=x, grad_out=x, **params)
+    inputs = [arrays[n] for n in bwd.input_names()]
+    bwd.execute(inputs)
+    print("| what | us per call |")
+    print("|---|---|")
+    print(f"| cached execute of the layer's backward ({len(inputs)} inputs, b=1 s=8 e=64) | "
+          f"{best_of(lambda: bwd.execute(inputs), iters) * 1e6:.1f} |")
+    print(f"|   of which: inputs checked and imported | {best_of(lambda: bwd._arguments(inputs), iters) * 1e6:.1f} |")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=20000)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--transformer", action="store_true", help="the transformer backward's host side instead")
     args = parser.parse_args()
+    if args.transformer:
+        transformer_backward(args.iters)
+        return
     if args.device == "cuda":
         import torch
 
