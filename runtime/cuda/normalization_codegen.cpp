@@ -117,11 +117,26 @@ std::string combine(OpType op, const std::string& a, const std::string& b) {
   return isMax(op) ? "maxNaN(" + a + ", " + b + ")" : "(" + a + " + " + b + ")";
 }
 
+// A level-2 reduction whose operand depends on a level-1 reduction only through a shift, so each
+// thread can reduce its elements around its own statistic and the threads' (statistic, reduction)
+// states combine exactly in one block-wide step:
+// - Centred: sum((a - mean(a))^2), merged as (count, sum, M2) states (Chan et al.'s parallel
+//   variance, stable where a one-pass E[a^2] - E[a]^2 is not);
+// - ShiftedExp: sum(exp(a - max(a))), merged as (max, sum) states rescaled by exp(max_t - max)
+//   (the online softmax).
+struct Pair {
+  enum class Kind : uint8_t { Centred, ShiftedExp };
+  Kind kind = Kind::Centred;
+  int first = 0;   // the level-1 reduction (mean or max of a)
+  int second = 0;  // the level-2 reduction over (a - first)^2 or exp(a - first)
+};
+
 class Emitter {
  public:
   Emitter(const Program& p, const NormalizationVariant* v) : p_(p), v_(v) {
     checkProgram();
     computeLevels();
+    findPairs();
   }
 
   std::string mainKernel(const std::string& name) {
@@ -137,19 +152,23 @@ class Emitter {
        << "; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n  return v;\n}\n";
     s_ << "__device__ __forceinline__ T warpMax(T v) {\n#pragma unroll\n  for (int o = " << width / 2
        << "; o > 0; o >>= 1) v = maxNaN(v, __shfl_xor_sync(0xffffffffu, v, o));\n  return v;\n}\n";
+    if (merged_) pairFunctions(width);
 
     s_ << "extern \"C\" __global__ void __launch_bounds__(" << tx * ty << ") " << name << "(const Params p) {\n";
     s_ << "  const int tx = threadIdx.x, ty = threadIdx.y;\n  const i64 n = p.n, rows = p.rows;\n"
        << "  (void)tx;\n  (void)n;\n";
+    const int levels = passLevels();
     int max_per_level = 1;
-    for (int l = 1; l <= levels_; ++l) max_per_level = std::max<int>(max_per_level, reductionsAt(l).size());
+    for (int l = 1; l <= levels; ++l) max_per_level = std::max<int>(max_per_level, levelReductions(l).size());
     // One __syncthreads per block-wide reduction: each level of a row has its own buffer (a single
     // level alternates two by row group), so a buffer is rewritten only after a later barrier that
     // every thread reaches after reading it; no barrier is needed before the writes.
-    const int buffers = levels_ >= 2 ? levels_ : 2;
-    if (tx > 32 && levels_ > 0) {
+    const int buffers = levels >= 2 ? levels : 2;
+    if (tx > 32 && levels > 0) {
       s_ << "  __shared__ T red[" << buffers << "][" << max_per_level << "][TY][" << warps << "];\n";
-      if (levels_ == 1) s_ << "  int buf = 0;\n";
+      if (numCentred() > 0)
+        s_ << "  __shared__ int redc[" << buffers << "][" << numCentred() << "][TY][" << warps << "];\n";
+      if (levels == 1) s_ << "  int buf = 0;\n";
     }
     constants("  ");
     const int outer = p_.numOuterReductions();
@@ -202,44 +221,9 @@ class Emitter {
       for (int t : cached_) s_ << in << "T E" << t << "[EPT];\n";
     }
     rowSteps(in, 0);
-    for (int level = 1; level <= levels_; ++level) {
-      const std::vector<int> reds = reductionsAt(level);
-      for (int t : reds) s_ << in << "T acc" << t << " = " << identity(p_.steps[t].op) << ";\n";
-      std::vector<Program::Operand> targets;
-      for (int t : reds) targets.push_back(p_.steps[t].args[0]);
-      elementPass(in, persistent, targets, [&](const std::string& ind) {
-        for (int t : reds)
-          s_ << ind << "if (ok) acc" << t << " = "
-             << combine(p_.steps[t].op, "acc" + std::to_string(t), ref(p_.steps[t].args[0], persistent)) << ";\n";
-      });
-      for (int t : reds)
-        s_ << in << "acc" << t << " = " << (isMax(p_.steps[t].op) ? "warpMax" : "warpSum") << "(acc" << t << ");\n";
-      if (tx > 32) {
-        const std::string b = levels_ == 1 ? "red[buf]" : "red[" + std::to_string(level - 1) + "]";
-        s_ << in << "if ((tx & 31) == 0) {\n";
-        for (size_t q = 0; q < reds.size(); ++q)
-          s_ << in << "  " << b << "[" << q << "][ty][tx >> 5] = acc" << reds[q] << ";\n";
-        s_ << in << "}\n" << in << "__syncthreads();\n";
-        for (size_t q = 0; q < reds.size(); ++q) {
-          const int t = reds[q];
-          const std::string slot = b + "[" + std::to_string(q) + "][ty]";
-          s_ << in << "acc" << t << " = " << slot << "[0];\n";
-          s_ << in << "#pragma unroll\n"
-             << in << "for (int w = 1; w < " << warps << "; ++w) acc" << t << " = "
-             << combine(p_.steps[t].op, "acc" + std::to_string(t), slot + "[w]") << ";\n";
-        }
-      }
-      for (int t : reds) {
-        s_ << in << "const T r" << t << " = ";
-        if (p_.steps[t].op == OpType::Mean)
-          s_ << "static_cast<T>(static_cast<double>(acc" << t << ") * (1.0 / static_cast<double>(n)));\n";
-        else
-          s_ << "acc" << t << ";\n";
-      }
-      rowSteps(in, level);
-    }
+    for (int level = 1; level <= levels; ++level) reductionLevel(in, level, persistent);
     finalPass(in, persistent);
-    if (tx > 32 && levels_ == 1) s_ << in << "buf ^= 1;\n";
+    if (tx > 32 && levels == 1) s_ << in << "buf ^= 1;\n";
     s_ << "  }\n";
     if (outer > 0 && persistent) {
       forEachChunk("  ", true, "true", [&](const std::string& ind) {
@@ -252,6 +236,175 @@ class Emitter {
     }
     s_ << "}\n";
     return s_.str();
+  }
+
+  // The reductions finished by level `level`'s block-wide combine: its own, and with merged pairs
+  // level 2's too (after level 1's, in this order in the shared buffers).
+  std::vector<int> levelReductions(int level) const {
+    std::vector<int> out = reductionsAt(level);
+    if (merged_ && level == 1)
+      for (int t : reductionsAt(2)) out.push_back(t);
+    return out;
+  }
+  int numCentred() const {
+    int n = 0;
+    for (const auto& pr : pairs_) n += pr.kind == Pair::Kind::Centred ? 1 : 0;
+    return n;
+  }
+  int centredSlot(const Pair& pair) const {
+    int n = 0;
+    for (const auto& pr : pairs_) {
+      if (&pr == &pair) return n;
+      n += pr.kind == Pair::Kind::Centred ? 1 : 0;
+    }
+    throw std::logic_error("centredSlot: not a pair of this program");
+  }
+  std::string expOf(const std::string& x) const {
+    return p_.compute == DataType::Float ? "exp2f((" + x + ") * 1.4426950408889634f)" : "exp(" + x + ")";
+  }
+
+  // The merge of two threads' pair states, symmetric in its operands (each lane of a butterfly
+  // computes the same result) and exact where one side is empty.
+  void pairFunctions(int width) {
+    s_ << "__device__ __forceinline__ void centredCombine(int& c, T& s, T& m2, int cb, T sb, T m2b) {\n"
+       << "  if (cb == 0) return;\n"
+       << "  if (c == 0) {\n    c = cb;\n    s = sb;\n    m2 = m2b;\n    return;\n  }\n"
+       << "  const T na = static_cast<T>(c), nb = static_cast<T>(cb);\n"
+       << "  const T d = sb / nb - s / na;\n"
+       << "  m2 = m2 + m2b + d * d * (na * nb / (na + nb));\n"
+       << "  s = s + sb;\n  c += cb;\n}\n";
+    // A state with max -inf holds no finite element (its sum is 0): it adds nothing, where
+    // exp(-inf - -inf) would be NaN.
+    s_ << "__device__ __forceinline__ void shiftedCombine(T& m, T& s, T mb, T sb) {\n"
+       << "  const T mx = maxNaN(m, mb);\n"
+       << "  const T ta = m == -infinity() ? static_cast<T>(0) : s * " << expOf("m - mx") << ";\n"
+       << "  const T tb = mb == -infinity() ? static_cast<T>(0) : sb * " << expOf("mb - mx") << ";\n"
+       << "  m = mx;\n  s = ta + tb;\n}\n";
+    s_ << "__device__ __forceinline__ void warpCentred(int& c, T& s, T& m2) {\n#pragma unroll\n  for (int o = "
+       << width / 2 << "; o > 0; o >>= 1) {\n"
+       << "    const int cb = __shfl_xor_sync(0xffffffffu, c, o);\n"
+       << "    const T sb = __shfl_xor_sync(0xffffffffu, s, o);\n"
+       << "    const T m2b = __shfl_xor_sync(0xffffffffu, m2, o);\n"
+       << "    centredCombine(c, s, m2, cb, sb, m2b);\n  }\n}\n";
+    s_ << "__device__ __forceinline__ void warpShifted(T& m, T& s) {\n#pragma unroll\n  for (int o = " << width / 2
+       << "; o > 0; o >>= 1) {\n"
+       << "    const T mb = __shfl_xor_sync(0xffffffffu, m, o);\n"
+       << "    const T sb = __shfl_xor_sync(0xffffffffu, s, o);\n"
+       << "    shiftedCombine(m, s, mb, sb);\n  }\n}\n";
+  }
+
+  // One level of inner reductions: each thread reduces its elements of the row, then the warp,
+  // then (wider rows) the block through shared memory with one barrier. With merged pairs, level 1
+  // also runs level 2's pairs: a second pass over the thread's elements reduces around its local
+  // statistic (its own mean or max), and the pair states combine instead of summing.
+  void reductionLevel(const std::string& in, int level, bool persistent) {
+    const NormalizationVariant& v = *v_;
+    const int tx = v.threads_x, warps = tx > 32 ? tx / 32 : 1;
+    const std::vector<int> own = reductionsAt(level), reds = levelReductions(level);
+    const bool pairs = merged_ && level == 1;
+    auto acc = [](int t) { return "acc" + std::to_string(t); };
+    auto cnt = [](const Pair& pr) { return "cnt" + std::to_string(pr.first); };
+    auto local = [](const Pair& pr) { return "lm" + std::to_string(pr.first); };
+    for (int t : reds) s_ << in << "T " << acc(t) << " = " << identity(p_.steps[t].op) << ";\n";
+    if (pairs)
+      for (const auto& pr : pairs_)
+        if (pr.kind == Pair::Kind::Centred) s_ << in << "int " << cnt(pr) << " = 0;\n";
+    std::vector<Program::Operand> targets;
+    for (int t : own) targets.push_back(p_.steps[t].args[0]);
+    elementPass(in, persistent, targets, [&](const std::string& ind) {
+      for (int t : own)
+        s_ << ind << "if (ok) " << acc(t) << " = "
+           << combine(p_.steps[t].op, acc(t), ref(p_.steps[t].args[0], persistent)) << ";\n";
+      if (pairs)
+        for (const auto& pr : pairs_)
+          if (pr.kind == Pair::Kind::Centred) s_ << ind << "if (ok) ++" << cnt(pr) << ";\n";
+    });
+    if (pairs) {
+      for (const auto& pr : pairs_) {
+        if (pr.kind == Pair::Kind::Centred)
+          s_ << in << "const T " << local(pr) << " = " << cnt(pr) << " > 0 ? " << acc(pr.first) << " / static_cast<T>("
+             << cnt(pr) << ") : static_cast<T>(0);\n";
+        else
+          s_ << in << "const T " << local(pr) << " = " << acc(pr.first) << ";\n";
+      }
+      // The seconds against the local statistics: r<first> names the local one inside this scope.
+      std::vector<Program::Operand> second_targets;
+      for (const auto& pr : pairs_) second_targets.push_back(p_.steps[pr.second].args[0]);
+      const std::set<int> reciprocals = reciprocals_;
+      s_ << in << "{\n";
+      for (const auto& pr : pairs_) s_ << in << "  const T r" << pr.first << " = " << local(pr) << ";\n";
+      elementPass(in + "  ", persistent, second_targets, [&](const std::string& ind) {
+        for (const auto& pr : pairs_)
+          s_ << ind << "if (ok) " << acc(pr.second) << " = " << acc(pr.second) << " + "
+             << ref(p_.steps[pr.second].args[0], persistent) << ";\n";
+      });
+      s_ << in << "}\n";
+      reciprocals_ = reciprocals;  // those defined in the scope are gone
+      for (const auto& pr : pairs_)
+        if (pr.kind == Pair::Kind::ShiftedExp)
+          s_ << in << "if (" << local(pr) << " == -infinity()) " << acc(pr.second) << " = static_cast<T>(0);\n";
+    }
+    auto pairOfFirst = [&](int t) -> const Pair* {
+      if (!pairs) return nullptr;
+      for (const auto& pr : pairs_)
+        if (pr.first == t) return &pr;
+      return nullptr;
+    };
+    auto paired = [&](int t) { return pairOfFirst(t) != nullptr || (pairs && pairOfSecond(t) != nullptr); };
+    for (int t : reds)
+      if (!paired(t))
+        s_ << in << acc(t) << " = " << (isMax(p_.steps[t].op) ? "warpMax" : "warpSum") << "(" << acc(t) << ");\n";
+    if (pairs)
+      for (const auto& pr : pairs_)
+        s_ << in << (pr.kind == Pair::Kind::Centred ? "warpCentred(" + cnt(pr) + ", " : std::string("warpShifted("))
+           << acc(pr.first) << ", " << acc(pr.second) << ");\n";
+    if (tx > 32) {
+      const std::string b = passLevels() == 1 ? "[buf]" : "[" + std::to_string(level - 1) + "]";
+      auto slot = [&](int t) {
+        const int q = static_cast<int>(std::find(reds.begin(), reds.end(), t) - reds.begin());
+        return "red" + b + "[" + std::to_string(q) + "][ty]";
+      };
+      auto cslot = [&](const Pair& pr) { return "redc" + b + "[" + std::to_string(centredSlot(pr)) + "][ty]"; };
+      s_ << in << "if ((tx & 31) == 0) {\n";
+      for (int t : reds) s_ << in << "  " << slot(t) << "[tx >> 5] = " << acc(t) << ";\n";
+      if (pairs)
+        for (const auto& pr : pairs_)
+          if (pr.kind == Pair::Kind::Centred) s_ << in << "  " << cslot(pr) << "[tx >> 5] = " << cnt(pr) << ";\n";
+      s_ << in << "}\n" << in << "__syncthreads();\n";
+      for (int t : reds) s_ << in << acc(t) << " = " << slot(t) << "[0];\n";
+      if (pairs)
+        for (const auto& pr : pairs_)
+          if (pr.kind == Pair::Kind::Centred) s_ << in << cnt(pr) << " = " << cslot(pr) << "[0];\n";
+      s_ << in << "#pragma unroll\n" << in << "for (int w = 1; w < " << warps << "; ++w) {\n";
+      for (int t : reds)
+        if (!paired(t))
+          s_ << in << "  " << acc(t) << " = " << combine(p_.steps[t].op, acc(t), slot(t) + "[w]") << ";\n";
+      if (pairs)
+        for (const auto& pr : pairs_) {
+          if (pr.kind == Pair::Kind::Centred)
+            s_ << in << "  centredCombine(" << cnt(pr) << ", " << acc(pr.first) << ", " << acc(pr.second) << ", "
+               << cslot(pr) << "[w], " << slot(pr.first) << "[w], " << slot(pr.second) << "[w]);\n";
+          else
+            s_ << in << "  shiftedCombine(" << acc(pr.first) << ", " << acc(pr.second) << ", " << slot(pr.first)
+               << "[w], " << slot(pr.second) << "[w]);\n";
+        }
+      s_ << in << "}\n";
+    }
+    // A row of -inf only: the two-pass sum is exp(-inf - -inf) = NaN, and so is this one.
+    if (pairs)
+      for (const auto& pr : pairs_)
+        if (pr.kind == Pair::Kind::ShiftedExp)
+          s_ << in << "if (" << acc(pr.first) << " == -infinity()) " << acc(pr.second) << " = " << acc(pr.first)
+             << " - " << acc(pr.first) << ";\n";
+    for (int t : reds) {
+      s_ << in << "const T r" << t << " = ";
+      if (p_.steps[t].op == OpType::Mean)
+        s_ << "static_cast<T>(static_cast<double>(" << acc(t) << ") * (1.0 / static_cast<double>(n)));\n";
+      else
+        s_ << acc(t) << ";\n";
+    }
+    rowSteps(in, level);
+    if (pairs) rowSteps(in, 2);
   }
 
   // A block of kNormalizationEpilogueX x kNormalizationEpilogueY threads per tile of X columns: the
@@ -379,6 +532,68 @@ class Emitter {
       level_[i] = l;
     }
   }
+  // Two-level reductions that one block-wide combine can finish (see Pair). Merged only when every
+  // level-2 reduction is such a pair's second, so the row needs one barrier instead of two: the
+  // kernel's loads stop while a block reduces, and the second dependent reduction was what kept
+  // LayerNorm (0.69-0.76 of copy) and softmax (0.57-0.59) below RMSNorm's one reduction (0.85).
+  void findPairs() {
+    pairs_.clear();
+    merged_ = false;
+    if (levels_ != 2) return;
+    auto temp = [&](const Program::Operand& o) { return o.kind == Kind::Temp ? o.index : -1; };
+    auto plainElement = [&](int t) {
+      const auto& st = p_.steps[t];
+      return t >= 0 && st.varies == Varies::PerElement && !st.after && !st.round && !st.outer;
+    };
+    std::set<int> firsts;
+    for (int second : reductionsAt(2)) {
+      const auto& s2 = p_.steps[second];
+      const int q = temp(s2.args[0]);
+      if (!plainElement(q)) return;
+      const auto& sq = p_.steps[q];
+      int d = -1;
+      Pair::Kind kind{};
+      if (sq.op == OpType::Square || (sq.op == OpType::Mul && sq.args.size() == 2 && temp(sq.args[0]) >= 0 &&
+                                      temp(sq.args[0]) == temp(sq.args[1]))) {
+        if (s2.op != OpType::Sum && s2.op != OpType::Mean) return;
+        kind = Pair::Kind::Centred;
+        d = temp(sq.args[0]);
+      } else if (sq.op == OpType::Exp) {
+        if (s2.op != OpType::Sum) return;
+        kind = Pair::Kind::ShiftedExp;
+        d = temp(sq.args[0]);
+      } else {
+        return;
+      }
+      if (!plainElement(d) || p_.steps[d].op != OpType::Sub || p_.steps[d].args.size() != 2) return;
+      const int first = temp(p_.steps[d].args[1]);
+      if (first < 0 || level_[first] != 1 || p_.steps[first].outer) return;
+      const auto& s1 = p_.steps[first];
+      if (s1.op != (kind == Pair::Kind::Centred ? OpType::Mean : OpType::ReduceMax)) return;
+      const auto& a = p_.steps[d].args[0];
+      const auto& b = s1.args[0];
+      if (a.kind != b.kind || a.index != b.index || a.kind == Kind::Scalar || a.kind == Kind::Constant) return;
+      if (!firsts.insert(first).second) return;  // one second per first
+      pairs_.push_back({kind, first, second});
+    }
+    merged_ = !pairs_.empty();
+  }
+  const Pair* pairOfSecond(int t) const {
+    for (const auto& pr : pairs_)
+      if (pr.second == t) return &pr;
+    return nullptr;
+  }
+  // Steps whose value depends on a merged pair's first reduction (computed against the thread's
+  // local statistic in the merged pass, so never kept in registers across passes).
+  bool dependsOnPairFirst(int t) const {
+    for (const auto& pr : pairs_)
+      if (t == pr.first) return true;
+    for (const auto& a : p_.steps[t].args)
+      if (a.kind == Kind::Temp && dependsOnPairFirst(a.index)) return true;
+    return false;
+  }
+  int passLevels() const { return merged_ ? 1 : levels_; }
+
   std::vector<int> reductionsAt(int level) const {
     std::vector<int> out;
     for (size_t i = 0; i < p_.steps.size(); ++i)
@@ -695,7 +910,9 @@ class Emitter {
       if (st.outer) final_targets.push_back(st.args[0]);
     count(final_targets);
     for (const auto& [t, n] : passes)
-      if (n > 1 && p_.steps[t].varies == Varies::PerElement && isExpensive(p_.steps[t].op)) cached_.insert(t);
+      if (n > 1 && p_.steps[t].varies == Varies::PerElement && isExpensive(p_.steps[t].op) &&
+          !(merged_ && dependsOnPairFirst(t)))
+        cached_.insert(t);
   }
 
   const Program& p_;
@@ -704,6 +921,8 @@ class Emitter {
   std::ostringstream s_;
   std::vector<int> level_;
   int levels_ = 0;
+  std::vector<Pair> pairs_;
+  bool merged_ = false;  // level 2 finishes with level 1's block-wide combine (findPairs)
   std::function<void(const std::string&)> beforeElements_ = [](const std::string&) {};
   std::function<void(const std::string&)> afterElements_ = [](const std::string&) {};
 };

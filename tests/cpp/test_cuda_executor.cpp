@@ -6,6 +6,7 @@
 #if MESHFUSE_HAVE_CUDA
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <tuple>
 
@@ -447,6 +448,47 @@ TEST(CudaExecutorNormalization, NonContiguousInputs) {
         return view;
       };
       c.check(testing_norms::toString(norm) + (layout == 0 ? " transposed" : " sliced"), /*loose=*/true);
+    }
+  }
+}
+
+// The merged second reductions (the centred variance and the sum of exp(x - max) combine per
+// thread, then across threads) at the values that break a careless merge: softmax rows masked
+// with -inf (95% of the elements, so many threads hold only -inf, and a quarter of the rows are
+// -inf throughout: NaN on both executors), and LayerNorm of values offset by 1000 (a one-pass
+// E[x^2] - E[x]^2 would lose the variance; the per-thread means must be merged exactly).
+TEST(CudaExecutorNormalization, MergedReductionsAtEdgeValues) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(36);
+  for (DataType dt : {DataType::Float, DataType::BFloat16}) {
+    for (int64_t row : {int64_t{4096}, int64_t{12288}, int64_t{1000}}) {
+      const std::string what = toString(dt) + " row " + std::to_string(row);
+      {
+        Case c;
+        c.kind = Segment::Kind::Normalization;
+        TensorView* x = ops::cast(c.input(dt, {40, row}, rng, -4, 4), DataType::Float);
+        TensorView* m = c.input(DataType::Float, {40, row}, rng, 0, 1);
+        TensorView* r = c.input(DataType::Float, {40, 1}, rng, 0, 1);
+        Val* minus_inf = c.fusion.newScalar(DataType::Double, -std::numeric_limits<double>::infinity());
+        TensorView* dead_row = ops::binary(OpType::Lt, r, c.fusion.newScalar(DataType::Double, 0.25));
+        TensorView* dead = ops::binary(OpType::Lt, m, c.fusion.newScalar(DataType::Double, 0.95));
+        TensorView* masked = ops::where(dead_row, minus_inf, ops::where(dead, minus_inf, x));
+        const std::vector<int64_t> full = {40, row};
+        TensorView* mx = ops::broadcastInDim(ops::reduction(OpType::ReduceMax, masked, {1}, false), full, {0});
+        TensorView* e = ops::unary(OpType::Exp, ops::binary(OpType::Sub, masked, mx));
+        TensorView* sum = ops::reduction(OpType::Sum, e, {1}, false);
+        TensorView* y = ops::binary(OpType::Div, e, ops::broadcastInDim(sum, full, {0}));
+        c.outputs = {ops::cast(y, dt), sum};
+        c.check("masked softmax " + what, /*loose=*/dt != DataType::Float);
+      }
+      {
+        Case c;
+        c.kind = Segment::Kind::Normalization;
+        TensorView* x = ops::cast(c.input(dt, {24, row}, rng, 999, 1001), DataType::Float);
+        auto [var, mean] = ops::varMean(x, {1}, 0, false);
+        c.outputs = {var, mean};
+        c.check("offset variance " + what, /*loose=*/dt != DataType::Float);
+      }
     }
   }
 }
