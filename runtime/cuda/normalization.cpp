@@ -2,6 +2,7 @@
 #include "runtime/cuda/normalization.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -231,6 +232,18 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
   return L;
 }
 
+namespace {
+// MESHFUSE_NORM_PREFETCH=0 turns the next-row L2 prefetch off (for A/B runs of benchmarks/norms.py).
+NormalizationVariant withPrefetch(NormalizationVariant v) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("MESHFUSE_NORM_PREFETCH");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  v.prefetch = enabled;
+  return v;
+}
+}  // namespace
+
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
   const Program& p = L.program;
   const int64_t n = L.row_length;
@@ -299,14 +312,14 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
     const int cap = std::min(kRegisterBudget, 65536 / (out.threads_x * out.threads_y) - 32);
     return arrays * out.items * v.vec * words_per_value <= cap;
   };
-  if (fit(held + inputs, v)) return v;
+  if (fit(held + inputs, v)) return withPrefetch(v);
   // Too many inputs to hold the row of each: stream them (re-read per pass from L1/L2) and keep
   // only the accumulators in registers, rather than the multi-pass variant, whose outer
   // reductions go through the workspace element by element for every row.
   if (inputs > 0) {
     NormalizationVariant s = v;
     s.stream = true;
-    if (fit(held, s)) return s;
+    if (fit(held, s)) return withPrefetch(s);
   }
   v.items = 0;  // multi-pass: the row does not fit the registers of one block
   v.threads_x = kMultiPassThreads;

@@ -117,18 +117,15 @@ std::string combine(OpType op, const std::string& a, const std::string& b) {
   return isMax(op) ? "maxNaN(" + a + ", " + b + ")" : "(" + a + " + " + b + ")";
 }
 
-// A level-2 reduction whose operand depends on a level-1 reduction only through a shift, so each
-// thread can reduce its elements around its own statistic and the threads' (statistic, reduction)
-// states combine exactly in one block-wide step:
-// - Centred: sum((a - mean(a))^2), merged as (count, sum, M2) states (Chan et al.'s parallel
-//   variance, stable where a one-pass E[a^2] - E[a]^2 is not);
-// - ShiftedExp: sum(exp(a - max(a))), merged as (max, sum) states rescaled by exp(max_t - max)
-//   (the online softmax).
+// A centred second moment: a level-2 reduction sum((a - mean(a))^2) (or its mean), which each
+// thread computes around its own mean and the threads' (count, sum, M2) states then combine
+// exactly (Chan, Golub and LeVeque's parallel variance; stable where a one-pass E[a^2] - E[a]^2
+// is not). softmax's sum(exp(x - max)) could merge the same way (the online softmax), but its
+// combine and the recomputed exponentials cost more SFU time than the barrier it saves (measured
+// on the H200: 0.168 -> 0.240 ms at [8192, 12288]), so it keeps two levels.
 struct Pair {
-  enum class Kind : uint8_t { Centred, ShiftedExp };
-  Kind kind = Kind::Centred;
-  int first = 0;   // the level-1 reduction (mean or max of a)
-  int second = 0;  // the level-2 reduction over (a - first)^2 or exp(a - first)
+  int first = 0;   // the level-1 mean of a
+  int second = 0;  // the level-2 sum or mean of (a - first)^2
 };
 
 class Emitter {
@@ -152,7 +149,7 @@ class Emitter {
        << "; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n  return v;\n}\n";
     s_ << "__device__ __forceinline__ T warpMax(T v) {\n#pragma unroll\n  for (int o = " << width / 2
        << "; o > 0; o >>= 1) v = maxNaN(v, __shfl_xor_sync(0xffffffffu, v, o));\n  return v;\n}\n";
-    if (merged_) pairFunctions(width);
+    if (merged_) pairFunctions();
 
     s_ << "extern \"C\" __global__ void __launch_bounds__(" << tx * ty << ") " << name << "(const Params p) {\n";
     s_ << "  const int tx = threadIdx.x, ty = threadIdx.y;\n  const i64 n = p.n, rows = p.rows;\n"
@@ -166,8 +163,7 @@ class Emitter {
     const int buffers = levels >= 2 ? levels : 2;
     if (tx > 32 && levels > 0) {
       s_ << "  __shared__ T red[" << buffers << "][" << max_per_level << "][TY][" << warps << "];\n";
-      if (numCentred() > 0)
-        s_ << "  __shared__ int redc[" << buffers << "][" << numCentred() << "][TY][" << warps << "];\n";
+      if (merged_) s_ << "  __shared__ int redc[" << buffers << "][" << pairs_.size() << "][TY][" << warps << "];\n";
       if (levels == 1) s_ << "  int buf = 0;\n";
     }
     constants("  ");
@@ -216,6 +212,7 @@ class Emitter {
             chunkLoad(ind, static_cast<int>(l), "rl" + std::to_string(l), true);
       });
     }
+    if (persistent && v.prefetch) prefetchNextRows(in);
     if (persistent) {
       chooseCached();
       for (int t : cached_) s_ << in << "T E" << t << "[EPT];\n";
@@ -246,57 +243,54 @@ class Emitter {
       for (int t : reductionsAt(2)) out.push_back(t);
     return out;
   }
-  int numCentred() const {
-    int n = 0;
-    for (const auto& pr : pairs_) n += pr.kind == Pair::Kind::Centred ? 1 : 0;
-    return n;
-  }
-  int centredSlot(const Pair& pair) const {
-    int n = 0;
-    for (const auto& pr : pairs_) {
-      if (&pr == &pair) return n;
-      n += pr.kind == Pair::Kind::Centred ? 1 : 0;
-    }
-    throw std::logic_error("centredSlot: not a pair of this program");
-  }
-  std::string expOf(const std::string& x) const {
-    return p_.compute == DataType::Float ? "exp2f((" + x + ") * 1.4426950408889634f)" : "exp(" + x + ")";
-  }
+  int pairSlot(const Pair& pair) const { return static_cast<int>(&pair - pairs_.data()); }
 
-  // The merge of two threads' pair states, symmetric in its operands (each lane of a butterfly
-  // computes the same result) and exact where one side is empty.
-  void pairFunctions(int width) {
+  // The merge of two threads' (count, sum, M2) states: symmetric in its operands, so each lane of
+  // a butterfly computes the same bits, and exact where one side is empty. Reciprocals rather than
+  // IEEE divisions: a division is a long sequence with a slow path, and each row runs about ten
+  // merges per thread (a first version with divisions ran LayerNorm at half speed).
+  void pairFunctions() {
+    const std::string rcp = p_.compute == DataType::Float ? "__frcp_rn" : "static_cast<T>(1) / ";
     s_ << "__device__ __forceinline__ void centredCombine(int& c, T& s, T& m2, int cb, T sb, T m2b) {\n"
        << "  if (cb == 0) return;\n"
        << "  if (c == 0) {\n    c = cb;\n    s = sb;\n    m2 = m2b;\n    return;\n  }\n"
        << "  const T na = static_cast<T>(c), nb = static_cast<T>(cb);\n"
-       << "  const T d = sb / nb - s / na;\n"
-       << "  m2 = m2 + m2b + d * d * (na * nb / (na + nb));\n"
+       << "  const T d = sb * " << rcp << "(nb) - s * " << rcp << "(na);\n"
+       << "  m2 = m2 + m2b + d * d * (na * nb * " << rcp << "(na + nb));\n"
        << "  s = s + sb;\n  c += cb;\n}\n";
-    // A state with max -inf holds no finite element (its sum is 0): it adds nothing, where
-    // exp(-inf - -inf) would be NaN.
-    s_ << "__device__ __forceinline__ void shiftedCombine(T& m, T& s, T mb, T sb) {\n"
-       << "  const T mx = maxNaN(m, mb);\n"
-       << "  const T ta = m == -infinity() ? static_cast<T>(0) : s * " << expOf("m - mx") << ";\n"
-       << "  const T tb = mb == -infinity() ? static_cast<T>(0) : sb * " << expOf("mb - mx") << ";\n"
-       << "  m = mx;\n  s = ta + tb;\n}\n";
-    s_ << "__device__ __forceinline__ void warpCentred(int& c, T& s, T& m2) {\n#pragma unroll\n  for (int o = "
-       << width / 2 << "; o > 0; o >>= 1) {\n"
+    // A butterfly over groups of W lanes; every lane of a group ends with the group's merge.
+    s_ << "template <int W>\n__device__ __forceinline__ void butterflyCentred(int& c, T& s, T& m2) {\n"
+          "#pragma unroll\n  for (int o = W / 2; o > 0; o >>= 1) {\n"
        << "    const int cb = __shfl_xor_sync(0xffffffffu, c, o);\n"
        << "    const T sb = __shfl_xor_sync(0xffffffffu, s, o);\n"
        << "    const T m2b = __shfl_xor_sync(0xffffffffu, m2, o);\n"
        << "    centredCombine(c, s, m2, cb, sb, m2b);\n  }\n}\n";
-    s_ << "__device__ __forceinline__ void warpShifted(T& m, T& s) {\n#pragma unroll\n  for (int o = " << width / 2
-       << "; o > 0; o >>= 1) {\n"
-       << "    const T mb = __shfl_xor_sync(0xffffffffu, m, o);\n"
-       << "    const T sb = __shfl_xor_sync(0xffffffffu, s, o);\n"
-       << "    shiftedCombine(m, s, mb, sb);\n  }\n}\n";
+  }
+
+  // prefetch.global.L2 of this thread's chunks of the next row group's contiguous element rows (a
+  // hint: no registers, no wait; a row past the end is not touched).
+  void prefetchNextRows(const std::string& in) {
+    std::vector<int> ports;
+    for (size_t l = 0; l < p_.loads.size(); ++l)
+      if (p_.loads[l].varies == Varies::PerElement && vectorized(p_.loads[l])) ports.push_back(static_cast<int>(l));
+    if (ports.empty()) return;
+    s_ << in << "if ((group + gridDim.x) * TY + ty < rows) {\n";
+    s_ << in << "  const i64 next = (group + gridDim.x) * TY + ty;\n";
+    for (int l : ports) s_ << in << "  const i64 nl" << l << " = rowOffset(p, " << l << ", next);\n";
+    s_ << in << "#pragma unroll\n"
+       << in << "  for (int it = 0; it < ITEMS; ++it) {\n"
+       << in << "    const i64 j0 = (static_cast<i64>(it) * TX + tx) * VEC;\n"
+       << in << "    if (j0 < n) {\n";
+    for (int l : ports)
+      s_ << in << "      asm volatile(\"prefetch.global.L2 [%0];\" ::\"l\"(static_cast<const "
+         << storageType(p_.loads[l].dtype) << "*>(p.in[" << l << "]) + nl" << l << " + j0));\n";
+    s_ << in << "    }\n" << in << "  }\n" << in << "}\n";
   }
 
   // One level of inner reductions: each thread reduces its elements of the row, then the warp,
   // then (wider rows) the block through shared memory with one barrier. With merged pairs, level 1
-  // also runs level 2's pairs: a second pass over the thread's elements reduces around its local
-  // statistic (its own mean or max), and the pair states combine instead of summing.
+  // also runs level 2's centred moments: a second pass over the thread's elements sums the squares
+  // around its own mean, and the (count, sum, M2) states merge instead of adding.
   void reductionLevel(const std::string& in, int level, bool persistent) {
     const NormalizationVariant& v = *v_;
     const int tx = v.threads_x, warps = tx > 32 ? tx / 32 : 1;
@@ -304,11 +298,15 @@ class Emitter {
     const bool pairs = merged_ && level == 1;
     auto acc = [](int t) { return "acc" + std::to_string(t); };
     auto cnt = [](const Pair& pr) { return "cnt" + std::to_string(pr.first); };
-    auto local = [](const Pair& pr) { return "lm" + std::to_string(pr.first); };
+    auto paired = [&](int t) {
+      if (!pairs) return false;
+      for (const auto& pr : pairs_)
+        if (pr.first == t || pr.second == t) return true;
+      return false;
+    };
     for (int t : reds) s_ << in << "T " << acc(t) << " = " << identity(p_.steps[t].op) << ";\n";
     if (pairs)
-      for (const auto& pr : pairs_)
-        if (pr.kind == Pair::Kind::Centred) s_ << in << "int " << cnt(pr) << " = 0;\n";
+      for (const auto& pr : pairs_) s_ << in << "int " << cnt(pr) << " = 0;\n";
     std::vector<Program::Operand> targets;
     for (int t : own) targets.push_back(p_.steps[t].args[0]);
     elementPass(in, persistent, targets, [&](const std::string& ind) {
@@ -316,23 +314,17 @@ class Emitter {
         s_ << ind << "if (ok) " << acc(t) << " = "
            << combine(p_.steps[t].op, acc(t), ref(p_.steps[t].args[0], persistent)) << ";\n";
       if (pairs)
-        for (const auto& pr : pairs_)
-          if (pr.kind == Pair::Kind::Centred) s_ << ind << "if (ok) ++" << cnt(pr) << ";\n";
+        for (const auto& pr : pairs_) s_ << ind << "if (ok) ++" << cnt(pr) << ";\n";
     });
     if (pairs) {
-      for (const auto& pr : pairs_) {
-        if (pr.kind == Pair::Kind::Centred)
-          s_ << in << "const T " << local(pr) << " = " << cnt(pr) << " > 0 ? " << acc(pr.first) << " / static_cast<T>("
-             << cnt(pr) << ") : static_cast<T>(0);\n";
-        else
-          s_ << in << "const T " << local(pr) << " = " << acc(pr.first) << ";\n";
-      }
-      // The seconds against the local statistics: r<first> names the local one inside this scope.
+      // The seconds around the thread's own means: r<first> names the local mean inside this scope.
       std::vector<Program::Operand> second_targets;
       for (const auto& pr : pairs_) second_targets.push_back(p_.steps[pr.second].args[0]);
       const std::set<int> reciprocals = reciprocals_;
       s_ << in << "{\n";
-      for (const auto& pr : pairs_) s_ << in << "  const T r" << pr.first << " = " << local(pr) << ";\n";
+      for (const auto& pr : pairs_)
+        s_ << in << "  const T r" << pr.first << " = " << cnt(pr) << " > 0 ? " << acc(pr.first) << " / static_cast<T>("
+           << cnt(pr) << ") : static_cast<T>(0);\n";
       elementPass(in + "  ", persistent, second_targets, [&](const std::string& ind) {
         for (const auto& pr : pairs_)
           s_ << ind << "if (ok) " << acc(pr.second) << " = " << acc(pr.second) << " + "
@@ -340,62 +332,56 @@ class Emitter {
       });
       s_ << in << "}\n";
       reciprocals_ = reciprocals;  // those defined in the scope are gone
-      for (const auto& pr : pairs_)
-        if (pr.kind == Pair::Kind::ShiftedExp)
-          s_ << in << "if (" << local(pr) << " == -infinity()) " << acc(pr.second) << " = static_cast<T>(0);\n";
     }
-    auto pairOfFirst = [&](int t) -> const Pair* {
-      if (!pairs) return nullptr;
-      for (const auto& pr : pairs_)
-        if (pr.first == t) return &pr;
-      return nullptr;
-    };
-    auto paired = [&](int t) { return pairOfFirst(t) != nullptr || (pairs && pairOfSecond(t) != nullptr); };
+    const int width = std::min(tx, 32);
     for (int t : reds)
       if (!paired(t))
         s_ << in << acc(t) << " = " << (isMax(p_.steps[t].op) ? "warpMax" : "warpSum") << "(" << acc(t) << ");\n";
     if (pairs)
       for (const auto& pr : pairs_)
-        s_ << in << (pr.kind == Pair::Kind::Centred ? "warpCentred(" + cnt(pr) + ", " : std::string("warpShifted("))
-           << acc(pr.first) << ", " << acc(pr.second) << ");\n";
+        s_ << in << "butterflyCentred<" << width << ">(" << cnt(pr) << ", " << acc(pr.first) << ", " << acc(pr.second)
+           << ");\n";
     if (tx > 32) {
       const std::string b = passLevels() == 1 ? "[buf]" : "[" + std::to_string(level - 1) + "]";
       auto slot = [&](int t) {
         const int q = static_cast<int>(std::find(reds.begin(), reds.end(), t) - reds.begin());
         return "red" + b + "[" + std::to_string(q) + "][ty]";
       };
-      auto cslot = [&](const Pair& pr) { return "redc" + b + "[" + std::to_string(centredSlot(pr)) + "][ty]"; };
+      auto cslot = [&](const Pair& pr) { return "redc" + b + "[" + std::to_string(pairSlot(pr)) + "][ty]"; };
       s_ << in << "if ((tx & 31) == 0) {\n";
       for (int t : reds) s_ << in << "  " << slot(t) << "[tx >> 5] = " << acc(t) << ";\n";
       if (pairs)
-        for (const auto& pr : pairs_)
-          if (pr.kind == Pair::Kind::Centred) s_ << in << "  " << cslot(pr) << "[tx >> 5] = " << cnt(pr) << ";\n";
+        for (const auto& pr : pairs_) s_ << in << "  " << cslot(pr) << "[tx >> 5] = " << cnt(pr) << ";\n";
       s_ << in << "}\n" << in << "__syncthreads();\n";
-      for (int t : reds) s_ << in << acc(t) << " = " << slot(t) << "[0];\n";
-      if (pairs)
-        for (const auto& pr : pairs_)
-          if (pr.kind == Pair::Kind::Centred) s_ << in << cnt(pr) << " = " << cslot(pr) << "[0];\n";
-      s_ << in << "#pragma unroll\n" << in << "for (int w = 1; w < " << warps << "; ++w) {\n";
-      for (int t : reds)
-        if (!paired(t))
-          s_ << in << "  " << acc(t) << " = " << combine(p_.steps[t].op, acc(t), slot(t) + "[w]") << ";\n";
-      if (pairs)
+      bool any_plain = false;
+      for (int t : reds) {
+        if (paired(t)) continue;
+        any_plain = true;
+        s_ << in << acc(t) << " = " << slot(t) << "[0];\n";
+      }
+      if (any_plain) {
+        s_ << in << "#pragma unroll\n" << in << "for (int w = 1; w < " << warps << "; ++w) {\n";
+        for (int t : reds)
+          if (!paired(t))
+            s_ << in << "  " << acc(t) << " = " << combine(p_.steps[t].op, acc(t), slot(t) + "[w]") << ";\n";
+        s_ << in << "}\n";
+      }
+      if (pairs) {
+        // The warps' states merge lane-parallel: lane l of every group of W lanes takes warp l's
+        // state (W the warp count rounded up to a power of two), then a butterfly over W lanes.
+        int group = 1;
+        while (group < warps) group *= 2;
+        s_ << in << "{\n" << in << "  const int lane = (tx & 31) & " << group - 1 << ";\n";
         for (const auto& pr : pairs_) {
-          if (pr.kind == Pair::Kind::Centred)
-            s_ << in << "  centredCombine(" << cnt(pr) << ", " << acc(pr.first) << ", " << acc(pr.second) << ", "
-               << cslot(pr) << "[w], " << slot(pr.first) << "[w], " << slot(pr.second) << "[w]);\n";
-          else
-            s_ << in << "  shiftedCombine(" << acc(pr.first) << ", " << acc(pr.second) << ", " << slot(pr.first)
-               << "[w], " << slot(pr.second) << "[w]);\n";
+          s_ << in << "  " << cnt(pr) << " = lane < " << warps << " ? " << cslot(pr) << "[lane] : 0;\n";
+          for (int t : {pr.first, pr.second})
+            s_ << in << "  " << acc(t) << " = lane < " << warps << " ? " << slot(t) << "[lane] : static_cast<T>(0);\n";
+          s_ << in << "  butterflyCentred<" << group << ">(" << cnt(pr) << ", " << acc(pr.first) << ", "
+             << acc(pr.second) << ");\n";
         }
-      s_ << in << "}\n";
+        s_ << in << "}\n";
+      }
     }
-    // A row of -inf only: the two-pass sum is exp(-inf - -inf) = NaN, and so is this one.
-    if (pairs)
-      for (const auto& pr : pairs_)
-        if (pr.kind == Pair::Kind::ShiftedExp)
-          s_ << in << "if (" << acc(pr.first) << " == -infinity()) " << acc(pr.second) << " = " << acc(pr.first)
-             << " - " << acc(pr.first) << ";\n";
     for (int t : reds) {
       s_ << in << "const T r" << t << " = ";
       if (p_.steps[t].op == OpType::Mean)
@@ -535,7 +521,7 @@ class Emitter {
   // Two-level reductions that one block-wide combine can finish (see Pair). Merged only when every
   // level-2 reduction is such a pair's second, so the row needs one barrier instead of two: the
   // kernel's loads stop while a block reduces, and the second dependent reduction was what kept
-  // LayerNorm (0.69-0.76 of copy) and softmax (0.57-0.59) below RMSNorm's one reduction (0.85).
+  // LayerNorm (0.69-0.76 of copy) below RMSNorm's one reduction (0.85).
   void findPairs() {
     pairs_.clear();
     merged_ = false;
@@ -551,30 +537,20 @@ class Emitter {
       const int q = temp(s2.args[0]);
       if (!plainElement(q)) return;
       const auto& sq = p_.steps[q];
-      int d = -1;
-      Pair::Kind kind{};
-      if (sq.op == OpType::Square || (sq.op == OpType::Mul && sq.args.size() == 2 && temp(sq.args[0]) >= 0 &&
-                                      temp(sq.args[0]) == temp(sq.args[1]))) {
-        if (s2.op != OpType::Sum && s2.op != OpType::Mean) return;
-        kind = Pair::Kind::Centred;
-        d = temp(sq.args[0]);
-      } else if (sq.op == OpType::Exp) {
-        if (s2.op != OpType::Sum) return;
-        kind = Pair::Kind::ShiftedExp;
-        d = temp(sq.args[0]);
-      } else {
-        return;
-      }
+      const bool square = sq.op == OpType::Square || (sq.op == OpType::Mul && sq.args.size() == 2 &&
+                                                      temp(sq.args[0]) >= 0 && temp(sq.args[0]) == temp(sq.args[1]));
+      if (!square || (s2.op != OpType::Sum && s2.op != OpType::Mean)) return;
+      const int d = temp(sq.args[0]);
       if (!plainElement(d) || p_.steps[d].op != OpType::Sub || p_.steps[d].args.size() != 2) return;
       const int first = temp(p_.steps[d].args[1]);
       if (first < 0 || level_[first] != 1 || p_.steps[first].outer) return;
       const auto& s1 = p_.steps[first];
-      if (s1.op != (kind == Pair::Kind::Centred ? OpType::Mean : OpType::ReduceMax)) return;
+      if (s1.op != OpType::Mean) return;
       const auto& a = p_.steps[d].args[0];
       const auto& b = s1.args[0];
       if (a.kind != b.kind || a.index != b.index || a.kind == Kind::Scalar || a.kind == Kind::Constant) return;
       if (!firsts.insert(first).second) return;  // one second per first
-      pairs_.push_back({kind, first, second});
+      pairs_.push_back({first, second});
     }
     merged_ = !pairs_.empty();
   }
@@ -975,7 +951,7 @@ std::string NormalizationProgram::key() const {
 
 std::string NormalizationVariant::key() const {
   return "v" + std::to_string(vec) + "x" + std::to_string(threads_x) + "y" + std::to_string(threads_y) + "i" +
-         std::to_string(items) + (stream ? "s" : "");
+         std::to_string(items) + (stream ? "s" : "") + (prefetch ? "p" : "");
 }
 
 size_t normalizationParamWords(const NormalizationProgram& p) {

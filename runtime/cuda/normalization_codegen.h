@@ -81,6 +81,10 @@ struct NormalizationVariant {
   // stays) instead of held in registers; the outer accumulators still are. For segments with more
   // inputs than registers (a backward fused with its neighbours) that would otherwise go multi-pass.
   bool stream = false;
+  // Persistent only: each row group prefetches the next one's contiguous element rows into L2 once
+  // its own loads are issued, so the memory system keeps reading while the block reduces and
+  // stores (at a block or two per multiprocessor, those phases otherwise leave it idle).
+  bool prefetch = false;
   std::string key() const;
 };
 

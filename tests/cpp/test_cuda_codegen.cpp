@@ -373,12 +373,12 @@ TEST(NormalizationCodegen, SoftmaxMultipliesByTheRowReciprocal) {
 
 // One barrier per block-wide reduction: LayerNorm's two levels (mean, variance) take two per row,
 // RMSNorm's one level one (its buffer alternates between row groups).
-// One barrier per row for LayerNorm and softmax too: their second reduction (the centred
-// variance, the sum of exp(x - max)) merges into the first's block-wide combine.
+// One barrier per row for LayerNorm too: its second reduction (the centred variance) merges into
+// the mean's block-wide combine. Softmax keeps two (its merge would cost more than it saves).
 TEST(NormalizationCodegen, OneBarrierPerBlockReduction) {
   using testing_norms::Norm;
-  for (auto [norm, barriers] : {std::pair{Norm::LayerNorm, 1}, std::pair{Norm::RmsNorm, 1}, std::pair{Norm::Softmax, 1},
-                                std::pair{Norm::LogSoftmax, 1}}) {
+  for (auto [norm, barriers] : {std::pair{Norm::LayerNorm, 1}, std::pair{Norm::RmsNorm, 1}, std::pair{Norm::Softmax, 2},
+                                std::pair{Norm::LogSoftmax, 2}}) {
     NormSegment ns(norm, DataType::BFloat16, 16, 12288);
     auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
     ASSERT_TRUE(launch.has_value());

@@ -452,12 +452,11 @@ TEST(CudaExecutorNormalization, NonContiguousInputs) {
   }
 }
 
-// The merged second reductions (the centred variance and the sum of exp(x - max) combine per
-// thread, then across threads) at the values that break a careless merge: softmax rows masked
-// with -inf (95% of the elements, so many threads hold only -inf, and a quarter of the rows are
-// -inf throughout: NaN on both executors), and LayerNorm of values offset by 1000 (a one-pass
-// E[x^2] - E[x]^2 would lose the variance; the per-thread means must be merged exactly).
-TEST(CudaExecutorNormalization, MergedReductionsAtEdgeValues) {
+// Reductions at the values that break a careless kernel: softmax rows masked with -inf (95% of
+// the elements, so many threads hold only -inf, and a quarter of the rows are -inf throughout:
+// NaN on both executors), and the variance of values offset by 1000 (merged per thread as
+// (count, sum, M2) states: a one-pass E[x^2] - E[x]^2 would lose it, a wrong merge shows).
+TEST(CudaExecutorNormalization, MaskedSoftmaxAndOffsetVariance) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(36);
   for (DataType dt : {DataType::Float, DataType::BFloat16}) {
