@@ -246,21 +246,38 @@ class Emitter {
   int pairSlot(const Pair& pair) const { return static_cast<int>(&pair - pairs_.data()); }
 
   // The merge of two threads' (count, sum, M2) states: symmetric in its operands, so each lane of
-  // a butterfly computes the same bits, and exact where one side is empty. Reciprocals rather than
-  // IEEE divisions: a division is a long sequence with a slow path, and each row runs about ten
-  // merges per thread (a first version with divisions ran LayerNorm at half speed).
+  // a butterfly computes the same bits, and exact where one side is empty. The butterfly's common
+  // case, every lane holding as many elements (all but a row's tail), needs no reciprocal:
+  // with counts m on both sides the cross term is (sb - sa)^2 / (2m), and 1 / (2m) halves each
+  // step. Unequal counts take the general merge with approximate reciprocals (one MUFU each). A
+  // first version with IEEE divisions in every merge ran LayerNorm at half speed on the H200.
   void pairFunctions() {
-    const std::string rcp = p_.compute == DataType::Float ? "__frcp_rn" : "static_cast<T>(1) / ";
+    const bool fp32 = p_.compute == DataType::Float;
+    s_ << "__device__ __forceinline__ T fastRcp(T x) {\n";
+    if (fp32)
+      s_ << "  float r;\n  asm(\"rcp.approx.ftz.f32 %0, %1;\" : \"=f\"(r) : \"f\"(x));\n  return r;\n}\n";
+    else
+      s_ << "  return static_cast<T>(1) / x;\n}\n";
     s_ << "__device__ __forceinline__ void centredCombine(int& c, T& s, T& m2, int cb, T sb, T m2b) {\n"
        << "  if (cb == 0) return;\n"
        << "  if (c == 0) {\n    c = cb;\n    s = sb;\n    m2 = m2b;\n    return;\n  }\n"
        << "  const T na = static_cast<T>(c), nb = static_cast<T>(cb);\n"
-       << "  const T d = sb * " << rcp << "(nb) - s * " << rcp << "(na);\n"
-       << "  m2 = m2 + m2b + d * d * (na * nb * " << rcp << "(na + nb));\n"
+       << "  const T d = sb * fastRcp(nb) - s * fastRcp(na);\n"
+       << "  m2 = m2 + m2b + d * d * (na * nb * fastRcp(na + nb));\n"
        << "  s = s + sb;\n  c += cb;\n}\n";
     // A butterfly over groups of W lanes; every lane of a group ends with the group's merge.
     s_ << "template <int W>\n__device__ __forceinline__ void butterflyCentred(int& c, T& s, T& m2) {\n"
-          "#pragma unroll\n  for (int o = W / 2; o > 0; o >>= 1) {\n"
+       << "  if (__all_sync(0xffffffffu, c == __shfl_sync(0xffffffffu, c, 0))) {\n"
+       << "    T half_inv = c > 0 ? static_cast<T>(0.5) / static_cast<T>(c) : static_cast<T>(0);\n"
+       << "#pragma unroll\n    for (int o = W / 2; o > 0; o >>= 1) {\n"
+       << "      const T sb = __shfl_xor_sync(0xffffffffu, s, o);\n"
+       << "      const T m2b = __shfl_xor_sync(0xffffffffu, m2, o);\n"
+       << "      const T d = sb - s;\n"
+       << "      m2 = m2 + m2b + d * d * half_inv;\n"
+       << "      s = s + sb;\n"
+       << "      half_inv *= static_cast<T>(0.5);\n    }\n"
+       << "    c *= W;\n    return;\n  }\n"
+       << "#pragma unroll\n  for (int o = W / 2; o > 0; o >>= 1) {\n"
        << "    const int cb = __shfl_xor_sync(0xffffffffu, c, o);\n"
        << "    const T sb = __shfl_xor_sync(0xffffffffu, s, o);\n"
        << "    const T m2b = __shfl_xor_sync(0xffffffffu, m2, o);\n"
@@ -552,7 +569,7 @@ class Emitter {
       if (!firsts.insert(first).second) return;  // one second per first
       pairs_.push_back({first, second});
     }
-    merged_ = !pairs_.empty();
+    merged_ = !pairs_.empty() && v_ != nullptr && v_->merge_moments;
   }
   const Pair* pairOfSecond(int t) const {
     for (const auto& pr : pairs_)
@@ -951,7 +968,7 @@ std::string NormalizationProgram::key() const {
 
 std::string NormalizationVariant::key() const {
   return "v" + std::to_string(vec) + "x" + std::to_string(threads_x) + "y" + std::to_string(threads_y) + "i" +
-         std::to_string(items) + (stream ? "s" : "") + (prefetch ? "p" : "");
+         std::to_string(items) + (stream ? "s" : "") + (prefetch ? "p" : "") + (merge_moments ? "m" : "");
 }
 
 size_t normalizationParamWords(const NormalizationProgram& p) {

@@ -85,6 +85,9 @@ struct NormalizationVariant {
   // its own loads are issued, so the memory system keeps reading while the block reduces and
   // stores (at a block or two per multiprocessor, those phases otherwise leave it idle).
   bool prefetch = false;
+  // A centred second moment (LayerNorm's variance) merges into its mean's block-wide combine as
+  // per-thread (count, sum, M2) states: one barrier a row instead of two.
+  bool merge_moments = false;
   std::string key() const;
 };
 
