@@ -233,17 +233,13 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
 }
 
 namespace {
-bool envOn(const char* name, bool fallback) {
-  const char* e = std::getenv(name);
-  return e == nullptr || *e == 0 ? fallback : std::string(e) != "0";
-}
-// MESHFUSE_NORM_PREFETCH=0 turns the next-row L2 prefetch off, MESHFUSE_NORM_MERGE_MOMENTS=0 the
-// merged variance (for A/B runs of benchmarks/norms.py).
+// MESHFUSE_NORM_PREFETCH=0 turns the next-row L2 prefetch off (for A/B runs of benchmarks/norms.py).
 NormalizationVariant withPrefetch(NormalizationVariant v) {
-  static const bool prefetch = envOn("MESHFUSE_NORM_PREFETCH", true);
-  static const bool merge = envOn("MESHFUSE_NORM_MERGE_MOMENTS", true);
-  v.prefetch = prefetch;
-  v.merge_moments = merge;
+  static const bool enabled = [] {
+    const char* e = std::getenv("MESHFUSE_NORM_PREFETCH");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  v.prefetch = enabled;
   return v;
 }
 }  // namespace

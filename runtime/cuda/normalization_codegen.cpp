@@ -117,23 +117,11 @@ std::string combine(OpType op, const std::string& a, const std::string& b) {
   return isMax(op) ? "maxNaN(" + a + ", " + b + ")" : "(" + a + " + " + b + ")";
 }
 
-// A centred second moment: a level-2 reduction sum((a - mean(a))^2) (or its mean), which each
-// thread computes around its own mean and the threads' (count, sum, M2) states then combine
-// exactly (Chan, Golub and LeVeque's parallel variance; stable where a one-pass E[a^2] - E[a]^2
-// is not). softmax's sum(exp(x - max)) could merge the same way (the online softmax), but its
-// combine and the recomputed exponentials cost more SFU time than the barrier it saves (measured
-// on the H200: 0.168 -> 0.240 ms at [8192, 12288]), so it keeps two levels.
-struct Pair {
-  int first = 0;   // the level-1 mean of a
-  int second = 0;  // the level-2 sum or mean of (a - first)^2
-};
-
 class Emitter {
  public:
   Emitter(const Program& p, const NormalizationVariant* v) : p_(p), v_(v) {
     checkProgram();
     computeLevels();
-    findPairs();
   }
 
   std::string mainKernel(const std::string& name) {
@@ -149,22 +137,19 @@ class Emitter {
        << "; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n  return v;\n}\n";
     s_ << "__device__ __forceinline__ T warpMax(T v) {\n#pragma unroll\n  for (int o = " << width / 2
        << "; o > 0; o >>= 1) v = maxNaN(v, __shfl_xor_sync(0xffffffffu, v, o));\n  return v;\n}\n";
-    if (merged_) pairFunctions();
 
     s_ << "extern \"C\" __global__ void __launch_bounds__(" << tx * ty << ") " << name << "(const Params p) {\n";
     s_ << "  const int tx = threadIdx.x, ty = threadIdx.y;\n  const i64 n = p.n, rows = p.rows;\n"
        << "  (void)tx;\n  (void)n;\n";
-    const int levels = passLevels();
     int max_per_level = 1;
-    for (int l = 1; l <= levels; ++l) max_per_level = std::max<int>(max_per_level, levelReductions(l).size());
+    for (int l = 1; l <= levels_; ++l) max_per_level = std::max<int>(max_per_level, reductionsAt(l).size());
     // One __syncthreads per block-wide reduction: each level of a row has its own buffer (a single
     // level alternates two by row group), so a buffer is rewritten only after a later barrier that
     // every thread reaches after reading it; no barrier is needed before the writes.
-    const int buffers = levels >= 2 ? levels : 2;
-    if (tx > 32 && levels > 0) {
+    const int buffers = levels_ >= 2 ? levels_ : 2;
+    if (tx > 32 && levels_ > 0) {
       s_ << "  __shared__ T red[" << buffers << "][" << max_per_level << "][TY][" << warps << "];\n";
-      if (merged_) s_ << "  __shared__ int redc[" << buffers << "][" << pairs_.size() << "][TY][" << warps << "];\n";
-      if (levels == 1) s_ << "  int buf = 0;\n";
+      if (levels_ == 1) s_ << "  int buf = 0;\n";
     }
     constants("  ");
     const int outer = p_.numOuterReductions();
@@ -218,9 +203,44 @@ class Emitter {
       for (int t : cached_) s_ << in << "T E" << t << "[EPT];\n";
     }
     rowSteps(in, 0);
-    for (int level = 1; level <= levels; ++level) reductionLevel(in, level, persistent);
+    for (int level = 1; level <= levels_; ++level) {
+      const std::vector<int> reds = reductionsAt(level);
+      for (int t : reds) s_ << in << "T acc" << t << " = " << identity(p_.steps[t].op) << ";\n";
+      std::vector<Program::Operand> targets;
+      for (int t : reds) targets.push_back(p_.steps[t].args[0]);
+      elementPass(in, persistent, targets, [&](const std::string& ind) {
+        for (int t : reds)
+          s_ << ind << "if (ok) acc" << t << " = "
+             << combine(p_.steps[t].op, "acc" + std::to_string(t), ref(p_.steps[t].args[0], persistent)) << ";\n";
+      });
+      for (int t : reds)
+        s_ << in << "acc" << t << " = " << (isMax(p_.steps[t].op) ? "warpMax" : "warpSum") << "(acc" << t << ");\n";
+      if (tx > 32) {
+        const std::string b = levels_ == 1 ? "red[buf]" : "red[" + std::to_string(level - 1) + "]";
+        s_ << in << "if ((tx & 31) == 0) {\n";
+        for (size_t q = 0; q < reds.size(); ++q)
+          s_ << in << "  " << b << "[" << q << "][ty][tx >> 5] = acc" << reds[q] << ";\n";
+        s_ << in << "}\n" << in << "__syncthreads();\n";
+        for (size_t q = 0; q < reds.size(); ++q) {
+          const int t = reds[q];
+          const std::string slot = b + "[" + std::to_string(q) + "][ty]";
+          s_ << in << "acc" << t << " = " << slot << "[0];\n";
+          s_ << in << "#pragma unroll\n"
+             << in << "for (int w = 1; w < " << warps << "; ++w) acc" << t << " = "
+             << combine(p_.steps[t].op, "acc" + std::to_string(t), slot + "[w]") << ";\n";
+        }
+      }
+      for (int t : reds) {
+        s_ << in << "const T r" << t << " = ";
+        if (p_.steps[t].op == OpType::Mean)
+          s_ << "static_cast<T>(static_cast<double>(acc" << t << ") * (1.0 / static_cast<double>(n)));\n";
+        else
+          s_ << "acc" << t << ";\n";
+      }
+      rowSteps(in, level);
+    }
     finalPass(in, persistent);
-    if (tx > 32 && levels == 1) s_ << in << "buf ^= 1;\n";
+    if (tx > 32 && levels_ == 1) s_ << in << "buf ^= 1;\n";
     s_ << "  }\n";
     if (outer > 0 && persistent) {
       forEachChunk("  ", true, "true", [&](const std::string& ind) {
@@ -233,55 +253,6 @@ class Emitter {
     }
     s_ << "}\n";
     return s_.str();
-  }
-
-  // The reductions finished by level `level`'s block-wide combine: its own, and with merged pairs
-  // level 2's too (after level 1's, in this order in the shared buffers).
-  std::vector<int> levelReductions(int level) const {
-    std::vector<int> out = reductionsAt(level);
-    if (merged_ && level == 1)
-      for (int t : reductionsAt(2)) out.push_back(t);
-    return out;
-  }
-  int pairSlot(const Pair& pair) const { return static_cast<int>(&pair - pairs_.data()); }
-
-  // The merge of two threads' (count, sum, M2) states: symmetric in its operands, so each lane of
-  // a butterfly computes the same bits, and exact where one side is empty. The butterfly's common
-  // case, every lane holding as many elements (all but a row's tail), needs no reciprocal:
-  // with counts m on both sides the cross term is (sb - sa)^2 / (2m), and 1 / (2m) halves each
-  // step. Unequal counts take the general merge with approximate reciprocals (one MUFU each). A
-  // first version with IEEE divisions in every merge ran LayerNorm at half speed on the H200.
-  void pairFunctions() {
-    const bool fp32 = p_.compute == DataType::Float;
-    s_ << "__device__ __forceinline__ T fastRcp(T x) {\n";
-    if (fp32)
-      s_ << "  float r;\n  asm(\"rcp.approx.ftz.f32 %0, %1;\" : \"=f\"(r) : \"f\"(x));\n  return r;\n}\n";
-    else
-      s_ << "  return static_cast<T>(1) / x;\n}\n";
-    s_ << "__device__ __forceinline__ void centredCombine(int& c, T& s, T& m2, int cb, T sb, T m2b) {\n"
-       << "  if (cb == 0) return;\n"
-       << "  if (c == 0) {\n    c = cb;\n    s = sb;\n    m2 = m2b;\n    return;\n  }\n"
-       << "  const T na = static_cast<T>(c), nb = static_cast<T>(cb);\n"
-       << "  const T d = sb * fastRcp(nb) - s * fastRcp(na);\n"
-       << "  m2 = m2 + m2b + d * d * (na * nb * fastRcp(na + nb));\n"
-       << "  s = s + sb;\n  c += cb;\n}\n";
-    // A butterfly over groups of W lanes; every lane of a group ends with the group's merge.
-    s_ << "template <int W>\n__device__ __forceinline__ void butterflyCentred(int& c, T& s, T& m2) {\n"
-       << "  if (__all_sync(0xffffffffu, c == __shfl_sync(0xffffffffu, c, 0))) {\n"
-       << "    T half_inv = c > 0 ? static_cast<T>(0.5) / static_cast<T>(c) : static_cast<T>(0);\n"
-       << "#pragma unroll\n    for (int o = W / 2; o > 0; o >>= 1) {\n"
-       << "      const T sb = __shfl_xor_sync(0xffffffffu, s, o);\n"
-       << "      const T m2b = __shfl_xor_sync(0xffffffffu, m2, o);\n"
-       << "      const T d = sb - s;\n"
-       << "      m2 = m2 + m2b + d * d * half_inv;\n"
-       << "      s = s + sb;\n"
-       << "      half_inv *= static_cast<T>(0.5);\n    }\n"
-       << "    c *= W;\n    return;\n  }\n"
-       << "#pragma unroll\n  for (int o = W / 2; o > 0; o >>= 1) {\n"
-       << "    const int cb = __shfl_xor_sync(0xffffffffu, c, o);\n"
-       << "    const T sb = __shfl_xor_sync(0xffffffffu, s, o);\n"
-       << "    const T m2b = __shfl_xor_sync(0xffffffffu, m2, o);\n"
-       << "    centredCombine(c, s, m2, cb, sb, m2b);\n  }\n}\n";
   }
 
   // prefetch.global.L2 of this thread's chunks of the next row group's contiguous element rows (a
@@ -302,112 +273,6 @@ class Emitter {
       s_ << in << "      asm volatile(\"prefetch.global.L2 [%0];\" ::\"l\"(static_cast<const "
          << storageType(p_.loads[l].dtype) << "*>(p.in[" << l << "]) + nl" << l << " + j0));\n";
     s_ << in << "    }\n" << in << "  }\n" << in << "}\n";
-  }
-
-  // One level of inner reductions: each thread reduces its elements of the row, then the warp,
-  // then (wider rows) the block through shared memory with one barrier. With merged pairs, level 1
-  // also runs level 2's centred moments: a second pass over the thread's elements sums the squares
-  // around its own mean, and the (count, sum, M2) states merge instead of adding.
-  void reductionLevel(const std::string& in, int level, bool persistent) {
-    const NormalizationVariant& v = *v_;
-    const int tx = v.threads_x, warps = tx > 32 ? tx / 32 : 1;
-    const std::vector<int> own = reductionsAt(level), reds = levelReductions(level);
-    const bool pairs = merged_ && level == 1;
-    auto acc = [](int t) { return "acc" + std::to_string(t); };
-    auto cnt = [](const Pair& pr) { return "cnt" + std::to_string(pr.first); };
-    auto paired = [&](int t) {
-      if (!pairs) return false;
-      for (const auto& pr : pairs_)
-        if (pr.first == t || pr.second == t) return true;
-      return false;
-    };
-    for (int t : reds) s_ << in << "T " << acc(t) << " = " << identity(p_.steps[t].op) << ";\n";
-    if (pairs)
-      for (const auto& pr : pairs_) s_ << in << "int " << cnt(pr) << " = 0;\n";
-    std::vector<Program::Operand> targets;
-    for (int t : own) targets.push_back(p_.steps[t].args[0]);
-    elementPass(in, persistent, targets, [&](const std::string& ind) {
-      for (int t : own)
-        s_ << ind << "if (ok) " << acc(t) << " = "
-           << combine(p_.steps[t].op, acc(t), ref(p_.steps[t].args[0], persistent)) << ";\n";
-      if (pairs)
-        for (const auto& pr : pairs_) s_ << ind << "if (ok) ++" << cnt(pr) << ";\n";
-    });
-    if (pairs) {
-      // The seconds around the thread's own means: r<first> names the local mean inside this scope.
-      std::vector<Program::Operand> second_targets;
-      for (const auto& pr : pairs_) second_targets.push_back(p_.steps[pr.second].args[0]);
-      const std::set<int> reciprocals = reciprocals_;
-      s_ << in << "{\n";
-      for (const auto& pr : pairs_)
-        s_ << in << "  const T r" << pr.first << " = " << cnt(pr) << " > 0 ? " << acc(pr.first) << " / static_cast<T>("
-           << cnt(pr) << ") : static_cast<T>(0);\n";
-      elementPass(in + "  ", persistent, second_targets, [&](const std::string& ind) {
-        for (const auto& pr : pairs_)
-          s_ << ind << "if (ok) " << acc(pr.second) << " = " << acc(pr.second) << " + "
-             << ref(p_.steps[pr.second].args[0], persistent) << ";\n";
-      });
-      s_ << in << "}\n";
-      reciprocals_ = reciprocals;  // those defined in the scope are gone
-    }
-    const int width = std::min(tx, 32);
-    for (int t : reds)
-      if (!paired(t))
-        s_ << in << acc(t) << " = " << (isMax(p_.steps[t].op) ? "warpMax" : "warpSum") << "(" << acc(t) << ");\n";
-    if (pairs)
-      for (const auto& pr : pairs_)
-        s_ << in << "butterflyCentred<" << width << ">(" << cnt(pr) << ", " << acc(pr.first) << ", " << acc(pr.second)
-           << ");\n";
-    if (tx > 32) {
-      const std::string b = passLevels() == 1 ? "[buf]" : "[" + std::to_string(level - 1) + "]";
-      auto slot = [&](int t) {
-        const int q = static_cast<int>(std::find(reds.begin(), reds.end(), t) - reds.begin());
-        return "red" + b + "[" + std::to_string(q) + "][ty]";
-      };
-      auto cslot = [&](const Pair& pr) { return "redc" + b + "[" + std::to_string(pairSlot(pr)) + "][ty]"; };
-      s_ << in << "if ((tx & 31) == 0) {\n";
-      for (int t : reds) s_ << in << "  " << slot(t) << "[tx >> 5] = " << acc(t) << ";\n";
-      if (pairs)
-        for (const auto& pr : pairs_) s_ << in << "  " << cslot(pr) << "[tx >> 5] = " << cnt(pr) << ";\n";
-      s_ << in << "}\n" << in << "__syncthreads();\n";
-      bool any_plain = false;
-      for (int t : reds) {
-        if (paired(t)) continue;
-        any_plain = true;
-        s_ << in << acc(t) << " = " << slot(t) << "[0];\n";
-      }
-      if (any_plain) {
-        s_ << in << "#pragma unroll\n" << in << "for (int w = 1; w < " << warps << "; ++w) {\n";
-        for (int t : reds)
-          if (!paired(t))
-            s_ << in << "  " << acc(t) << " = " << combine(p_.steps[t].op, acc(t), slot(t) + "[w]") << ";\n";
-        s_ << in << "}\n";
-      }
-      if (pairs) {
-        // The warps' states merge lane-parallel: lane l of every group of W lanes takes warp l's
-        // state (W the warp count rounded up to a power of two), then a butterfly over W lanes.
-        int group = 1;
-        while (group < warps) group *= 2;
-        s_ << in << "{\n" << in << "  const int lane = (tx & 31) & " << group - 1 << ";\n";
-        for (const auto& pr : pairs_) {
-          s_ << in << "  " << cnt(pr) << " = lane < " << warps << " ? " << cslot(pr) << "[lane] : 0;\n";
-          for (int t : {pr.first, pr.second})
-            s_ << in << "  " << acc(t) << " = lane < " << warps << " ? " << slot(t) << "[lane] : static_cast<T>(0);\n";
-          s_ << in << "  butterflyCentred<" << group << ">(" << cnt(pr) << ", " << acc(pr.first) << ", "
-             << acc(pr.second) << ");\n";
-        }
-        s_ << in << "}\n";
-      }
-    }
-    for (int t : reds) {
-      s_ << in << "const T r" << t << " = ";
-      if (p_.steps[t].op == OpType::Mean)
-        s_ << "static_cast<T>(static_cast<double>(" << acc(t) << ") * (1.0 / static_cast<double>(n)));\n";
-      else
-        s_ << acc(t) << ";\n";
-    }
-    rowSteps(in, level);
-    if (pairs) rowSteps(in, 2);
   }
 
   // A block of kNormalizationEpilogueX x kNormalizationEpilogueY threads per tile of X columns: the
@@ -535,58 +400,6 @@ class Emitter {
       level_[i] = l;
     }
   }
-  // Two-level reductions that one block-wide combine can finish (see Pair). Merged only when every
-  // level-2 reduction is such a pair's second, so the row needs one barrier instead of two: the
-  // kernel's loads stop while a block reduces, and the second dependent reduction was what kept
-  // LayerNorm (0.69-0.76 of copy) below RMSNorm's one reduction (0.85).
-  void findPairs() {
-    pairs_.clear();
-    merged_ = false;
-    if (levels_ != 2) return;
-    auto temp = [&](const Program::Operand& o) { return o.kind == Kind::Temp ? o.index : -1; };
-    auto plainElement = [&](int t) {
-      const auto& st = p_.steps[t];
-      return t >= 0 && st.varies == Varies::PerElement && !st.after && !st.round && !st.outer;
-    };
-    std::set<int> firsts;
-    for (int second : reductionsAt(2)) {
-      const auto& s2 = p_.steps[second];
-      const int q = temp(s2.args[0]);
-      if (!plainElement(q)) return;
-      const auto& sq = p_.steps[q];
-      const bool square = sq.op == OpType::Square || (sq.op == OpType::Mul && sq.args.size() == 2 &&
-                                                      temp(sq.args[0]) >= 0 && temp(sq.args[0]) == temp(sq.args[1]));
-      if (!square || (s2.op != OpType::Sum && s2.op != OpType::Mean)) return;
-      const int d = temp(sq.args[0]);
-      if (!plainElement(d) || p_.steps[d].op != OpType::Sub || p_.steps[d].args.size() != 2) return;
-      const int first = temp(p_.steps[d].args[1]);
-      if (first < 0 || level_[first] != 1 || p_.steps[first].outer) return;
-      const auto& s1 = p_.steps[first];
-      if (s1.op != OpType::Mean) return;
-      const auto& a = p_.steps[d].args[0];
-      const auto& b = s1.args[0];
-      if (a.kind != b.kind || a.index != b.index || a.kind == Kind::Scalar || a.kind == Kind::Constant) return;
-      if (!firsts.insert(first).second) return;  // one second per first
-      pairs_.push_back({first, second});
-    }
-    merged_ = !pairs_.empty() && v_ != nullptr && v_->merge_moments;
-  }
-  const Pair* pairOfSecond(int t) const {
-    for (const auto& pr : pairs_)
-      if (pr.second == t) return &pr;
-    return nullptr;
-  }
-  // Steps whose value depends on a merged pair's first reduction (computed against the thread's
-  // local statistic in the merged pass, so never kept in registers across passes).
-  bool dependsOnPairFirst(int t) const {
-    for (const auto& pr : pairs_)
-      if (t == pr.first) return true;
-    for (const auto& a : p_.steps[t].args)
-      if (a.kind == Kind::Temp && dependsOnPairFirst(a.index)) return true;
-    return false;
-  }
-  int passLevels() const { return merged_ ? 1 : levels_; }
-
   std::vector<int> reductionsAt(int level) const {
     std::vector<int> out;
     for (size_t i = 0; i < p_.steps.size(); ++i)
@@ -903,9 +716,7 @@ class Emitter {
       if (st.outer) final_targets.push_back(st.args[0]);
     count(final_targets);
     for (const auto& [t, n] : passes)
-      if (n > 1 && p_.steps[t].varies == Varies::PerElement && isExpensive(p_.steps[t].op) &&
-          !(merged_ && dependsOnPairFirst(t)))
-        cached_.insert(t);
+      if (n > 1 && p_.steps[t].varies == Varies::PerElement && isExpensive(p_.steps[t].op)) cached_.insert(t);
   }
 
   const Program& p_;
@@ -914,8 +725,6 @@ class Emitter {
   std::ostringstream s_;
   std::vector<int> level_;
   int levels_ = 0;
-  std::vector<Pair> pairs_;
-  bool merged_ = false;  // level 2 finishes with level 1's block-wide combine (findPairs)
   std::function<void(const std::string&)> beforeElements_ = [](const std::string&) {};
   std::function<void(const std::string&)> afterElements_ = [](const std::string&) {};
 };
@@ -968,7 +777,7 @@ std::string NormalizationProgram::key() const {
 
 std::string NormalizationVariant::key() const {
   return "v" + std::to_string(vec) + "x" + std::to_string(threads_x) + "y" + std::to_string(threads_y) + "i" +
-         std::to_string(items) + (stream ? "s" : "") + (prefetch ? "p" : "") + (merge_moments ? "m" : "");
+         std::to_string(items) + (stream ? "s" : "") + (prefetch ? "p" : "");
 }
 
 size_t normalizationParamWords(const NormalizationProgram& p) {

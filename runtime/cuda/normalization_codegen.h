@@ -83,11 +83,10 @@ struct NormalizationVariant {
   bool stream = false;
   // Persistent only: each row group prefetches the next one's contiguous element rows into L2 once
   // its own loads are issued, so the memory system keeps reading while the block reduces and
-  // stores (at a block or two per multiprocessor, those phases otherwise leave it idle).
+  // stores (at a block or two per multiprocessor, those phases otherwise leave it idle). Measured on
+  // the H200 ([8192, 12288] bf16): LayerNorm 0.143 -> 0.131 ms, softmax 0.168 -> 0.148, the
+  // LayerNorm backward 0.304 -> 0.232.
   bool prefetch = false;
-  // A centred second moment (LayerNorm's variance) merges into its mean's block-wide combine as
-  // per-thread (count, sum, M2) states: one barrier a row instead of two.
-  bool merge_moments = false;
   std::string key() const;
 };
 

@@ -373,12 +373,9 @@ TEST(NormalizationCodegen, SoftmaxMultipliesByTheRowReciprocal) {
 
 // One barrier per block-wide reduction: LayerNorm's two levels (mean, variance) take two per row,
 // RMSNorm's one level one (its buffer alternates between row groups).
-// One barrier per row for LayerNorm too: its second reduction (the centred variance) merges into
-// the mean's block-wide combine. Softmax keeps two (its merge would cost more than it saves).
 TEST(NormalizationCodegen, OneBarrierPerBlockReduction) {
   using testing_norms::Norm;
-  for (auto [norm, barriers] : {std::pair{Norm::LayerNorm, 1}, std::pair{Norm::RmsNorm, 1}, std::pair{Norm::Softmax, 2},
-                                std::pair{Norm::LogSoftmax, 2}}) {
+  for (auto [norm, barriers] : {std::pair{Norm::LayerNorm, 2}, std::pair{Norm::RmsNorm, 1}}) {
     NormSegment ns(norm, DataType::BFloat16, 16, 12288);
     auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
     ASSERT_TRUE(launch.has_value());
@@ -392,28 +389,26 @@ TEST(NormalizationCodegen, OneBarrierPerBlockReduction) {
   }
 }
 
-// A second reduction that is not a shift of the first's operand (here the squares of x minus the
-// mean of another tensor) keeps two barriers: merging it would change the result.
-TEST(NormalizationCodegen, UnrelatedSecondReductionIsNotMerged) {
-  NormSegment ns([&](Fusion&, const testing_norms::InputFn& input) {
-    const std::vector<int64_t> full = {16, 12288};
-    TensorView* x = ops::cast(input(DataType::BFloat16, full, -1, 1), DataType::Float);
-    TensorView* z = ops::cast(input(DataType::BFloat16, full, -1, 1), DataType::Float);
-    TensorView* mean_z = ops::broadcastInDim(ops::reduction(OpType::Mean, z, {1}, false), full, {0});
-    TensorView* d = ops::binary(OpType::Sub, x, mean_z);
-    return std::vector<TensorView*>{ops::reduction(OpType::Sum, ops::unary(OpType::Square, d), {1}, false)};
-  });
-  auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
-  ASSERT_TRUE(launch.has_value());
-  const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
-  ASSERT_GT(v.threads_x, 32);
-  const std::string src = cuda::generateNormalizationSource(launch->program, v, "k");
-  EXPECT_EQ(src.find("centredCombine"), std::string::npos);
-  int count = 0;
-  for (size_t at = src.find("__syncthreads()"); at != std::string::npos; at = src.find("__syncthreads()", at + 1))
-    ++count;
-  EXPECT_EQ(count, 2);
-  ASSERT_NO_THROW(compile(src)) << src;
+// Persistent kernels prefetch the next row group's contiguous rows into L2, one hint per chunk of
+// each register-held input (not the per-column weights, which stay in L1/L2 anyway).
+TEST(NormalizationCodegen, PersistentKernelsPrefetchTheNextRowGroup) {
+  using testing_norms::Norm;
+  for (auto [norm, inputs] : {std::pair{Norm::LayerNorm, 1}, std::pair{Norm::LayerNormBackward, 2}}) {
+    NormSegment ns(norm, DataType::BFloat16, 16, 12288);
+    auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+    ASSERT_TRUE(launch.has_value());
+    cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
+    ASSERT_TRUE(v.prefetch && v.items > 0) << v.key();
+    const std::string src = cuda::generateNormalizationSource(launch->program, v, "k");
+    int count = 0;
+    for (size_t at = src.find("prefetch.global.L2"); at != std::string::npos;
+         at = src.find("prefetch.global.L2", at + 1))
+      ++count;
+    EXPECT_EQ(count, inputs) << testing_norms::toString(norm);
+    ASSERT_NO_THROW(compile(src)) << src;
+    v.prefetch = false;
+    EXPECT_EQ(cuda::generateNormalizationSource(launch->program, v, "k").find("prefetch"), std::string::npos);
+  }
 }
 
 // A backward-like segment reading more inputs than registers hold (six rows plus two outer

@@ -454,8 +454,8 @@ TEST(CudaExecutorNormalization, NonContiguousInputs) {
 
 // Reductions at the values that break a careless kernel: softmax rows masked with -inf (95% of
 // the elements, so many threads hold only -inf, and a quarter of the rows are -inf throughout:
-// NaN on both executors), and the variance of values offset by 1000 (merged per thread as
-// (count, sum, M2) states: a one-pass E[x^2] - E[x]^2 would lose it, a wrong merge shows).
+// NaN on both executors), and the variance of values offset by 1000 (a one-pass
+// E[x^2] - E[x]^2 would lose it).
 TEST(CudaExecutorNormalization, MaskedSoftmaxAndOffsetVariance) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(36);
