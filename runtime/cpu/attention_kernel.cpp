@@ -40,6 +40,13 @@ int64_t visibleKeys(const AttentionParams& p, int64_t i, int64_t j0, int64_t bk)
   return p.causal ? std::clamp<int64_t>(i - j0 + 1, 0, bk) : bk;
 }
 
+// z[c] = keep where word c's uniform is >= threshold, else 0: one vectorized pass over a row's words.
+template <typename T>
+MESHFUSE_SIMD_CLONES void keepMultipliers(const uint32_t* __restrict w, int64_t n, float threshold, T keep,
+                                          T* __restrict z) {
+  for (int64_t c = 0; c < n; ++c) z[c] = philox::unitFloat(w[c]) >= threshold ? keep : T(0);
+}
+
 // The dropout multipliers of a [bq, bk] tile: 1/(1-p) where the element is kept, else 0. Kept
 // means the element's Philox uniform (fd.ops.uniform's, Float precision: word g % 4 of counter
 // g / 4, runtime/philox.h) is >= dropout_p. The counters of all the tile's rows are drawn in one
@@ -72,9 +79,8 @@ void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int
   for (int64_t r = 0; r < bq; ++r) {
     const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
     const uint32_t* w = scratch.words + (visible > 0 ? scratch.row_word[r] : 0);
-    T* zr = z + r * bk;
-    for (int64_t c = 0; c < visible; ++c) zr[c] = philox::unitFloat(w[c]) >= threshold ? keep : T(0);
-    std::fill(zr + visible, zr + bk, T(0));
+    keepMultipliers<T>(w, visible, threshold, keep, z + r * bk);
+    std::fill(z + r * bk + visible, z + (r + 1) * bk, T(0));
   }
 }
 
@@ -148,6 +154,12 @@ MESHFUSE_SIMD_CLONES void probabilitiesFromLse(const AttentionParams& p, int64_t
     for (int64_t c = 0; c < visible; ++c) row[c] = expOf<T>(row[c] - shift);
     std::fill(row + visible, row + bk, T(0));
   }
+}
+
+// pd[e] = s[e] * z[e]: the dropped probabilities of a tile.
+template <typename T>
+MESHFUSE_SIMD_CLONES void multiplyInto(const T* __restrict s, const T* __restrict z, int64_t n, T* __restrict pd) {
+  for (int64_t e = 0; e < n; ++e) pd[e] = s[e] * z[e];
 }
 
 // dS = P * (dP * z - D) over a [bq, bk] tile, in place in dp (z: dropout multipliers or null).
@@ -233,7 +245,7 @@ void attentionBackwardHead(const AttentionParams& p, const HeadPointers<T>& head
       const T* probs = s.data();
       if (dropout) {
         dropoutTile(p, head.b, head.h, i0, j0, bq, bk, z.data());
-        for (int64_t e = 0; e < bq * bk; ++e) pd[e] = s[e] * z[e];
+        multiplyInto<T>(s.data(), z.data(), bq * bk, pd.data());
         probs = pd.data();
       }
       gemm(true, false, bk, dv, bq, T(1), probs, bk, g.grad_out + i0 * dv, dv, T(1), dvv, dv);

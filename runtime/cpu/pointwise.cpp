@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <stdexcept>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -353,8 +354,13 @@ void fillRandom(const Step& s, int64_t start, T* out, int64_t n) {
       for (int64_t i = 0; i < n; ++i) gathered[i] = t.words[t.pos[i]];
       w = gathered;
     }
-    uniformFloats(w, n, static_cast<float>(s.a.scalar), static_cast<float>(s.b.scalar), uniform);
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(uniform[i]);
+    const float lo = static_cast<float>(s.a.scalar), hi = static_cast<float>(s.b.scalar);
+    if constexpr (std::is_same_v<T, float>) {
+      uniformFloats(w, n, lo, hi, out);
+    } else {
+      uniformFloats(w, n, lo, hi, uniform);
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(uniform[i]);
+    }
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
