@@ -4,10 +4,10 @@
 //
 // Dropout is counter-based (Philox 4x32-10, runtime/philox.h): element (b, h, i, j) of the global
 // [B, H, S_q, S_kv] probability matrix is kept iff uniform(index g = ((b*H + h)*S_q + i)*S_kv + j,
-// offset, seed) >= dropout_p, i.e. exactly where fd.ops.uniform(0, 1, [B, H, S_q, S_kv],
-// rng_seed=seed, rng_offset=offset) >= dropout_p. philox_seed and philox_offset are returned as
-// 0-dim Int tensors (nvFuser returns scalar tensors too) so the backward can take them as inputs and
-// a sharded run keeps them replicated; each execution of a forward draws a fresh pair.
+// offset, seed) >= dropout_p (the 24-bit uniform of word g % 4 of Philox counter g / 4), i.e.
+// exactly where fd.ops.uniform(0, 1, [B, H, S_q, S_kv], rng_seed=seed, rng_offset=offset) >= dropout_p. philox_seed and
+// philox_offset are returned as 0-dim Int tensors (nvFuser returns scalar tensors too) so the backward can take them as
+// inputs and a sharded run keeps them replicated; each execution of a forward draws a fresh pair.
 #pragma once
 #include <array>
 

@@ -29,6 +29,8 @@ TensorView* strideOrder(TensorView* x, std::vector<int64_t> stride_order);
 TensorView* full(std::vector<int64_t> shape, Val* fill_value, DataType dtype);
 // Counter-based (Philox 4x32-10) random tensors: element i of the global tensor depends only on
 // (seed, offset, i), so CPU and CUDA agree and a shard holds its block of the one global tensor.
+// A Philox counter serves four Float uniforms, two Double uniforms or Float normals, or one Double
+// normal (runtime/philox.h).
 // seed/offset nullptr: each execution draws a fresh pair.
 TensorView* uniform(Val* minval, Val* maxval, std::vector<int64_t> shape, DataType dtype, Val* seed = nullptr,
                     Val* offset = nullptr);

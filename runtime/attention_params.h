@@ -20,7 +20,8 @@ struct AttentionParams {
   // same elements as an unsharded one (the dropout mask is indexed by global position).
   int64_t batch_offset = 0, head_offset = 0, global_heads = 0;
 
-  // The Philox counter of probability element (b, h, i, j) of the local block.
+  // The global index g of probability element (b, h, i, j) of the local block: its uniform is word
+  // g % 4 of Philox counter g / 4 (runtime/philox.h).
   uint64_t dropoutIndex(int64_t b, int64_t h, int64_t i, int64_t j) const {
     const uint64_t gb = static_cast<uint64_t>(b + batch_offset), gh = static_cast<uint64_t>(h + head_offset);
     return ((gb * static_cast<uint64_t>(global_heads) + gh) * static_cast<uint64_t>(seq_q) + static_cast<uint64_t>(i)) *

@@ -169,11 +169,14 @@ class _Ops:
     def uniform(self, minval, maxval, shape, dtype=DataType.Float, rng_seed=None, rng_offset=None):
         """Uniform random numbers in [minval, maxval) (Philox 4x32-10, counter-based): the same
         (rng_seed, rng_offset) give the same tensor on CPU and CUDA, and a sharded output holds its
-        block of the one global tensor. Without a seed, each execution draws fresh numbers."""
+        block of the one global tensor. Without a seed, each execution draws fresh numbers. Element g
+        (row-major in the global tensor) is word g % 4 of Philox counter g / 4 (a Double: 53 bits from
+        two words of counter g / 2)."""
         return self._random("uniform", minval, maxval, shape, dtype, rng_seed, rng_offset, ("minval", "maxval"))
 
     def normal(self, mean, std, shape, dtype=DataType.Float, rng_seed=None, rng_offset=None):
-        """Normal random numbers (Box-Muller over Philox 4x32-10); see uniform()."""
+        """Normal random numbers (Box-Muller over Philox 4x32-10, the cosine half): element g takes
+        two words of counter g / 2 (a Double: the four of counter g); see uniform()."""
         return self._random("normal", mean, std, shape, dtype, rng_seed, rng_offset, ("mean", "std"))
 
     def var_mean(self, x, dims, correction=0, keepdim=False):

@@ -40,23 +40,46 @@ int64_t visibleKeys(const AttentionParams& p, int64_t i, int64_t j0, int64_t bk)
   return p.causal ? std::clamp<int64_t>(i - j0 + 1, 0, bk) : bk;
 }
 
+// z[c] = keep where word c's uniform is >= threshold, else 0: one vectorized pass over a row's words.
+template <typename T>
+MESHFUSE_SIMD_CLONES void keepMultipliers(const uint32_t* __restrict w, int64_t n, float threshold, T keep,
+                                          T* __restrict z) {
+  for (int64_t c = 0; c < n; ++c) z[c] = philox::unitFloat(w[c]) >= threshold ? keep : T(0);
+}
+
 // The dropout multipliers of a [bq, bk] tile: 1/(1-p) where the element is kept, else 0. Kept
-// means the element's Philox uniform (fd.ops.uniform's, Float precision) is >= dropout_p. The
-// Philox words of a row are drawn together (philox_block.h: vectorized); keys a causal row does
-// not see get 0 without a draw (their probabilities are 0: no element's number changes, and the
-// diagonal tiles draw 12-20% fewer words).
+// means the element's Philox uniform (fd.ops.uniform's, Float precision: word g % 4 of counter
+// g / 4, runtime/philox.h) is >= dropout_p. The counters of all the tile's rows are drawn in one
+// block (philox_block.h: vectorized), a row's from the one holding its first element (which may sit
+// mid-counter) to the one holding its last visible element; keys a causal row does not see get 0
+// without a draw past that counter (their probabilities are 0: no element's number changes, and
+// the diagonal tiles draw 12-20% fewer words).
 template <typename T>
 void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64_t j0, int64_t bq, int64_t bk, T* z) {
+  constexpr int64_t kRowCounters = kTileK / 4 + 2;  // a row of bk elements starting mid-counter
+  struct Scratch {
+    uint64_t counter[kTileQ * kRowCounters];
+    uint32_t words[4 * kTileQ * kRowCounters];
+    int64_t row_word[kTileQ];  // where the row's first element's word sits in `words`
+  };
+  thread_local Scratch scratch;
   const float threshold = static_cast<float>(p.dropout_p);
   const T keep = static_cast<T>(dropoutKeepScale(p.dropout_p));
-  uint64_t index[kTileK];
-  uint32_t w[4][kTileK];
+  int64_t count = 0;
   for (int64_t r = 0; r < bq; ++r) {
     const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
+    if (visible == 0) continue;
     const uint64_t base = p.dropoutIndex(b, h, i0 + r, j0);
-    for (int64_t c = 0; c < visible; ++c) index[c] = base + static_cast<uint64_t>(c);
-    philoxWords(index, visible, p.offset, p.seed, w[0], w[1], w[2], w[3]);
-    for (int64_t c = 0; c < visible; ++c) z[r * bk + c] = philox::unitFloat(w[0][c]) >= threshold ? keep : T(0);
+    const uint64_t first = base / 4, n = (base + static_cast<uint64_t>(visible) - 1) / 4 - first + 1;
+    consecutiveCounters(first, static_cast<int64_t>(n), scratch.counter + count);
+    scratch.row_word[r] = 4 * count + static_cast<int64_t>(base % 4);
+    count += static_cast<int64_t>(n);
+  }
+  philoxWords(scratch.counter, count, p.offset, p.seed, scratch.words);
+  for (int64_t r = 0; r < bq; ++r) {
+    const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
+    const uint32_t* w = scratch.words + (visible > 0 ? scratch.row_word[r] : 0);
+    keepMultipliers<T>(w, visible, threshold, keep, z + r * bk);
     std::fill(z + r * bk + visible, z + (r + 1) * bk, T(0));
   }
 }
@@ -131,6 +154,12 @@ MESHFUSE_SIMD_CLONES void probabilitiesFromLse(const AttentionParams& p, int64_t
     for (int64_t c = 0; c < visible; ++c) row[c] = expOf<T>(row[c] - shift);
     std::fill(row + visible, row + bk, T(0));
   }
+}
+
+// pd[e] = s[e] * z[e]: the dropped probabilities of a tile.
+template <typename T>
+MESHFUSE_SIMD_CLONES void multiplyInto(const T* __restrict s, const T* __restrict z, int64_t n, T* __restrict pd) {
+  for (int64_t e = 0; e < n; ++e) pd[e] = s[e] * z[e];
 }
 
 // dS = P * (dP * z - D) over a [bq, bk] tile, in place in dp (z: dropout multipliers or null).
@@ -216,7 +245,7 @@ void attentionBackwardHead(const AttentionParams& p, const HeadPointers<T>& head
       const T* probs = s.data();
       if (dropout) {
         dropoutTile(p, head.b, head.h, i0, j0, bq, bk, z.data());
-        for (int64_t e = 0; e < bq * bk; ++e) pd[e] = s[e] * z[e];
+        multiplyInto<T>(s.data(), z.data(), bq * bk, pd.data());
         probs = pd.data();
       }
       gemm(true, false, bk, dv, bq, T(1), probs, bk, g.grad_out + i0 * dv, dv, T(1), dvv, dv);

@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <stdexcept>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -294,31 +295,78 @@ Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs
   return p;
 }
 
+// The Philox words of a tile's elements, each element's at words + pos(i): the counters the tile
+// touches are drawn once each (vectorized), a counter serving 4 / W consecutive elements
+// (runtime/philox.h). Unsharded (identity), the tile's elements are consecutive and so are its
+// words: pos(i) = lead + i * W, lead being where the tile's first element sits in its counter.
+// Otherwise the elements' global indices are followed run by run: a counter is drawn again only
+// where the index leaves the previous element's counter (a shard's block, a broadcast).
+struct TileWords {
+  const uint32_t* words = nullptr;
+  int64_t lead = 0;               // identity: the first element's word
+  const uint32_t* pos = nullptr;  // otherwise: each element's first word
+  int w = 1;
+  const uint32_t* of(int64_t i) const { return words + (pos ? pos[i] : lead + i * w); }
+};
+
+TileWords tileWords(const RandomIndexing& r, int w, int64_t start, int64_t n) {
+  // Per thread (48 KiB: not for the stack of every call). At most n counters: a counter holds at
+  // least one element.
+  struct Scratch {
+    uint64_t counter[kTile];
+    uint32_t words[4 * kTile];
+    uint32_t pos[kTile];
+  };
+  thread_local Scratch scratch;
+  const uint64_t per = static_cast<uint64_t>(4 / w);
+  TileWords t;
+  t.words = scratch.words;
+  t.w = w;
+  int64_t count = 0;
+  if (r.identity) {
+    const uint64_t g0 = static_cast<uint64_t>(start), first = g0 / per;
+    count = static_cast<int64_t>((g0 + static_cast<uint64_t>(n) - 1) / per - first + 1);
+    consecutiveCounters(first, count, scratch.counter);
+    t.lead = static_cast<int64_t>(g0 % per) * w;
+  } else {
+    uint64_t current = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t g = r.globalIndex(start + i), c = g / per;
+      if (count == 0 || c != current) scratch.counter[count++] = current = c;
+      scratch.pos[i] = static_cast<uint32_t>(4 * (count - 1) + static_cast<int64_t>(g % per) * w);
+    }
+    t.pos = scratch.pos;
+  }
+  philoxWords(scratch.counter, count, r.offset, r.seed, scratch.words);
+  return t;
+}
+
 template <typename T>
 void fillRandom(const Step& s, int64_t start, T* out, int64_t n) {
   const RandomIndexing& r = *s.random;
-  // The counters' Philox words for the whole tile at once (vectorized), then the values. The
-  // buffers are per thread (28 KiB: not for the stack of every call).
-  struct Scratch {
-    uint64_t index[kTile];
-    uint32_t w[4][kTile];
-    float uniform[kTile];
-  };
-  thread_local Scratch scratch;
-  uint64_t* index = scratch.index;
-  auto& w = scratch.w;
-  float* uniform = scratch.uniform;
-  for (int64_t i = 0; i < n; ++i) index[i] = r.globalIndex(start + i);
-  philoxWords(index, n, r.offset, r.seed, w[0], w[1], w[2], w[3]);
-  if (s.op == OpType::Uniform && !r.wide) {
-    uniformFloats(w[0], n, static_cast<float>(s.a.scalar), static_cast<float>(s.b.scalar), uniform);
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(uniform[i]);
+  const bool normal = s.op == OpType::Normal;
+  const TileWords t = tileWords(r, philox::wordsPerElement(normal, r.wide), start, n);
+  if (!normal && !r.wide) {  // one word an element: the vectorized formula over the words in a row
+    thread_local uint32_t gathered[kTile];
+    thread_local float uniform[kTile];
+    const uint32_t* w = t.of(0);
+    if (t.pos) {
+      for (int64_t i = 0; i < n; ++i) gathered[i] = t.words[t.pos[i]];
+      w = gathered;
+    }
+    const float lo = static_cast<float>(s.a.scalar), hi = static_cast<float>(s.b.scalar);
+    if constexpr (std::is_same_v<T, float>) {
+      uniformFloats(w, n, lo, hi, out);
+    } else {
+      uniformFloats(w, n, lo, hi, uniform);
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(uniform[i]);
+    }
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
-    const std::array<uint32_t, 4> words{w[0][i], w[1][i], w[2][i], w[3][i]};
-    const double v = s.op == OpType::Uniform ? philox::uniformFrom(words, s.a.scalar, s.b.scalar, r.wide)
-                                             : philox::normalFrom(words, s.a.scalar, s.b.scalar, r.wide);
+    const uint32_t* w = t.of(i);
+    const double v = normal ? philox::normalFrom(w, s.a.scalar, s.b.scalar, r.wide)
+                            : philox::uniformFrom(w, s.a.scalar, s.b.scalar, r.wide);
     out[i] = static_cast<T>(v);
   }
 }

@@ -1,6 +1,7 @@
 #include "runtime/cuda/dropout_mask.h"
 
 #include <bit>
+#include <cstdint>
 
 #include "runtime/cuda/kernel_cache.h"
 #include "runtime/cuda/pointwise_codegen.h"
@@ -12,7 +13,8 @@ namespace meshfuse::cuda {
 namespace {
 
 // The kernel around pointwise_codegen's Philox (the one source of the CUDA rounds, kept in step with
-// runtime/philox.h): u is the element's 24-bit uniform, as uniform() draws it.
+// runtime/philox.h): element g of the global mask is kept where the 24-bit uniform of word g % 4 of
+// counter g / 4 is >= p, as uniform() draws it.
 const char* const kKernel = R"(
 struct Params {
   void* mask;
@@ -24,15 +26,38 @@ struct Params {
   unsigned int kept;   // the bits a kept element gets (of a 2- or 4-byte element)
   int element_bytes;
   int causal;          // top-left causal: (i, j) with j > i is masked out
+  int vector_stores;   // the mask's address is 16-byte aligned: aligned groups store as one vector
 };
+__device__ __forceinline__ void storeMaskGroup(const Params& p, long long e, long long j0, const unsigned bits[4]) {
+  if (p.vector_stores && j0 >= 0 && j0 + 4 <= p.seq_kv && (e & 3) == 0) {
+    if (p.element_bytes == 4) {
+      reinterpret_cast<uint4*>(p.mask)[e >> 2] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+    } else {
+      reinterpret_cast<uint2*>(p.mask)[e >> 2] = make_uint2(bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16));
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (j0 + k < 0 || j0 + k >= p.seq_kv) continue;
+    if (p.element_bytes == 4)
+      static_cast<unsigned int*>(p.mask)[e + k] = bits[k];
+    else
+      static_cast<unsigned short*>(p.mask)[e + k] = static_cast<unsigned short>(bits[k]);
+  }
+}
 extern "C" __global__ void meshfuse_dropout_mask(Params p) {
   if (p.seed_at != nullptr) {
     p.seed = *p.seed_at;
     p.offset = *p.offset_at;
   }
   // A block per row (b, h, i): the row's indices are divided out once, not per element (64-bit
-  // division is a long instruction sequence), and under a causal mask the elements past the
-  // diagonal, which cuDNN multiplies by a probability of 0, get 0 without their Philox draw.
+  // division is a long instruction sequence). A thread per Philox counter: its four words are the
+  // mask of four consecutive global elements, so a row of seq_kv elements starting at word `lead`
+  // of its first counter spans (lead + seq_kv + 3) / 4 counters, the first and last maybe shared
+  // with the neighbouring rows (each row draws them and keeps its own words). Under a causal mask a
+  // counter whose elements all lie past the diagonal (cuDNN multiplies them by a probability of 0)
+  // gets 0 without its draw.
   const long long rows = p.numel / p.seq_kv;
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
     const long long i = row % p.seq_q, bh = row / p.seq_q;
@@ -41,14 +66,20 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
         ((unsigned long long)(b + p.batch_offset) * p.global_heads + (h + p.head_offset)) * p.seq_q * p.seq_kv +
         (unsigned long long)i * p.seq_kv;
     const long long computed = p.causal ? min(p.seq_kv, i + 1) : p.seq_kv;
-    for (long long j = threadIdx.x; j < p.seq_kv; j += blockDim.x) {
-      unsigned int bits = 0u;
-      if (j < computed && philoxUnitF(philox4x32(base + j, p.offset, p.seed).x) >= p.threshold) bits = p.kept;
-      const long long e = row * p.seq_kv + j;
-      if (p.element_bytes == 4)
-        ((unsigned int*)p.mask)[e] = bits;
-      else
-        ((unsigned short*)p.mask)[e] = (unsigned short)bits;
+    const unsigned long long first = base >> 2;
+    const long long lead = static_cast<long long>(base & 3);
+    const long long counters = (lead + p.seq_kv + 3) >> 2;
+    for (long long t = threadIdx.x; t < counters; t += blockDim.x) {
+      const long long j0 = 4 * t - lead;  // the row position of the counter's word 0 (< 0: the row before's)
+      unsigned bits[4] = {0u, 0u, 0u, 0u};
+      if (j0 < computed) {
+        const uint4 r = philox4x32(first + t, p.offset, p.seed);
+        const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (j0 + k < computed && philoxUnitF(w[k]) >= p.threshold) bits[k] = p.kept;
+      }
+      storeMaskGroup(p, row * p.seq_kv + j0, j0, bits);
     }
   }
 }
@@ -64,6 +95,7 @@ struct Params {
   unsigned int kept;
   int element_bytes;
   int causal;
+  int vector_stores;
 };
 
 float keepScale(double dropout_p) { return static_cast<float>(dropoutKeepScale(dropout_p)); }
@@ -102,7 +134,8 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
                 static_cast<float>(p.dropout_p),
                 keptBits(dtype, keepScale(p.dropout_p)),
                 static_cast<int>(dataTypeSize(dtype)),
-                p.causal ? 1 : 0};
+                p.causal ? 1 : 0,
+                reinterpret_cast<uintptr_t>(mask.data()) % 16 == 0 ? 1 : 0};
   if (params.numel == 0) return mask;
   KernelFunction kernel = cachedKernel(
       device, "meshfuse_dropout_mask", [] { return dropoutMaskSource(); }, "meshfuse_dropout_mask");

@@ -1,9 +1,11 @@
 // Generation of the fused pointwise kernels (see pointwise_codegen.h).
 #include "runtime/cuda/pointwise_codegen.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -132,10 +134,10 @@ std::string opExpression(OpType op, DataType dtype) {
 }
 
 std::string philoxSource() {
-  // Counter {index, offset}, key {seed}; 10 rounds (runtime/philox.h). __fadd_rn and friends keep
+  // Counter {counter, offset}, key {seed}; 10 rounds (runtime/philox.h). __fadd_rn and friends keep
   // NVRTC from fusing a multiply and an add, which would round once where the CPU rounds twice.
-  return R"(__device__ __forceinline__ uint4 philox4x32(u64 index, u64 offset, u64 seed) {
-  unsigned c0 = static_cast<unsigned>(index), c1 = static_cast<unsigned>(index >> 32);
+  return R"(__device__ __forceinline__ uint4 philox4x32(u64 counter, u64 offset, u64 seed) {
+  unsigned c0 = static_cast<unsigned>(counter), c1 = static_cast<unsigned>(counter >> 32);
   unsigned c2 = static_cast<unsigned>(offset), c3 = static_cast<unsigned>(offset >> 32);
   unsigned k0 = static_cast<unsigned>(seed), k1 = static_cast<unsigned>(seed >> 32);
 #pragma unroll
@@ -156,17 +158,24 @@ __device__ __forceinline__ float philoxUnitF(unsigned r) { return static_cast<fl
 __device__ __forceinline__ double philoxUnitD(unsigned hi, unsigned lo) {
   return static_cast<double>(((static_cast<u64>(hi) << 32) | lo) >> 11) * 0x1p-53;
 }
-__device__ __forceinline__ float philoxUniformF(u64 g, u64 offset, u64 seed, double lo, double hi) {
-  const uint4 r = philox4x32(g, offset, seed);
+// The words of element g of a draw whose elements take W words each (runtime/philox.h): counter
+// g / (4 / W), from word (g % (4 / W)) * W on, moved to the front (.x first).
+__device__ __forceinline__ uint4 philoxFrom(const uint4 r, int word) {
+  return word == 0 ? r : word == 1 ? make_uint4(r.y, r.z, r.w, 0u) : word == 2 ? make_uint4(r.z, r.w, 0u, 0u)
+                                                                                : make_uint4(r.w, 0u, 0u, 0u);
+}
+__device__ __forceinline__ uint4 philoxElement(u64 g, int words, u64 offset, u64 seed) {
+  const unsigned per = 4 / words;
+  return philoxFrom(philox4x32(g / per, offset, seed), static_cast<int>(g % per) * words);
+}
+__device__ __forceinline__ float philoxUniformF(const uint4 r, double lo, double hi) {
   const float l = static_cast<float>(lo), h = static_cast<float>(hi);
   return __fadd_rn(l, __fmul_rn(__fsub_rn(h, l), philoxUnitF(r.x)));
 }
-__device__ __forceinline__ double philoxUniformD(u64 g, u64 offset, u64 seed, double lo, double hi) {
-  const uint4 r = philox4x32(g, offset, seed);
+__device__ __forceinline__ double philoxUniformD(const uint4 r, double lo, double hi) {
   return __dadd_rn(lo, __dmul_rn(__dsub_rn(hi, lo), philoxUnitD(r.x, r.y)));
 }
-__device__ __forceinline__ float philoxNormalF(u64 g, u64 offset, u64 seed, double mean, double stddev) {
-  const uint4 r = philox4x32(g, offset, seed);
+__device__ __forceinline__ float philoxNormalF(const uint4 r, double mean, double stddev) {
   const float u1 = philoxUnitF(r.x) + 0x1p-24f, u2 = philoxUnitF(r.y);
   const float z = __fmul_rn(sqrtf(-2.0f * logf(u1)), cosf(__fmul_rn(6.283185307179586f, u2)));
   return __fadd_rn(static_cast<float>(mean), __fmul_rn(static_cast<float>(stddev), z));
@@ -195,8 +204,7 @@ __device__ __forceinline__ double philoxBelowD(double v, double lo, double hi) {
   while (hi > lo && v >= hi) v = nextafter(v, -__longlong_as_double(0x7ff0000000000000LL));
   return v;
 }
-__device__ __forceinline__ double philoxNormalD(u64 g, u64 offset, u64 seed, double mean, double stddev) {
-  const uint4 r = philox4x32(g, offset, seed);
+__device__ __forceinline__ double philoxNormalD(const uint4 r, double mean, double stddev) {
   const double u1 = philoxUnitD(r.x, r.y) + 0x1p-53, u2 = philoxUnitD(r.z, r.w);
   const double rad = sqrt(__dmul_rn(-2.0, log(u1))), ang = cos(__dmul_rn(6.283185307179586476925, u2));
   return __dadd_rn(mean, __dmul_rn(__dmul_rn(stddev, rad), ang));
@@ -280,7 +288,7 @@ std::string instrExpression(const PointwiseProgram::Instr& ins, int random_slot)
     const bool wide = ins.dtype == DataType::Double;
     const std::string fn =
         std::string(ins.op == OpType::Uniform ? "philoxUniform" : "philoxNormal") + (wide ? "D" : "F");
-    const std::string v = fn + "(g" + std::to_string(random_slot) + ", static_cast<u64>(d), static_cast<u64>(c), a, b)";
+    const std::string v = fn + "(r" + std::to_string(random_slot) + ", a, b)";
     if (ins.op == OpType::Uniform) {
       const char* below = ins.dtype == DataType::Half       ? "philoxBelowH"
                           : ins.dtype == DataType::BFloat16 ? "philoxBelowB"
@@ -373,6 +381,37 @@ size_t pointwiseParamWords(const PointwiseProgram& program, const PointwiseVaria
   return words;
 }
 
+namespace {
+// A random op's draw: the words an element takes (runtime/philox.h) and its seed and offset as
+// kernel-level expressions (a runtime scalar or a constant), for the draws made outside chain().
+struct RandomDraw {
+  int words = 1;
+  std::string seed, offset;
+};
+
+std::vector<RandomDraw> randomDraws(const PointwiseProgram& prog) {
+  using K = PointwiseProgram::Operand::Kind;
+  std::vector<RandomDraw> draws;
+  for (const auto& ins : prog.instrs) {
+    if (!isRandom(ins.op)) continue;
+    RandomDraw d;
+    d.words = (ins.op == OpType::Normal ? 2 : 1) * (ins.dtype == DataType::Double ? 2 : 1);
+    for (size_t k : {size_t{2}, size_t{3}}) {
+      if (ins.args[k].kind != K::Scalar && ins.args[k].kind != K::Constant)
+        throw std::invalid_argument("CUDA pointwise codegen: a random op's seed and offset must be scalars");
+      (k == 2 ? d.seed : d.offset) = "static_cast<u64>(" + operandExpr(prog, ins.args[k], DataType::Double) + ")";
+    }
+    draws.push_back(d);
+  }
+  return draws;
+}
+}  // namespace
+
+int pointwiseElementsPerThread(const PointwiseProgram& program, const PointwiseVariant& variant) {
+  const int random_unit = program.numRandom() > 0 ? 4 : 1;
+  return variant.contiguous ? std::max(variant.vector_width, random_unit) : random_unit;
+}
+
 std::string generatePointwiseSource(const PointwiseProgram& prog, const PointwiseVariant& var,
                                     const std::string& name) {
   checkProgram(prog);
@@ -402,9 +441,9 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
     << ", \"host and device disagree on the parameter block\");\n\n";
 
   // The chain on one element: inputs by value (storage types), outputs by reference.
-  // Random ops also take their element's global index g<k>.
+  // Random ops also take their element's Philox words r<k> (from .x on; philoxElement).
   s << "__device__ __forceinline__ void chain(const Params& p";
-  for (int k = 0; k < nrand; ++k) s << ", const u64 g" << k;
+  for (int k = 0; k < nrand; ++k) s << ", const uint4 r" << k;
   for (int i = 0; i < ninputs; ++i) s << ", const " << storageType(prog.inputs[i]) << " x" << i;
   for (int o = 0; o < nout; ++o) s << ", " << storageType(out_types[o]) << "& y" << o;
   s << ") {\n";
@@ -413,6 +452,7 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
     const auto& ins = prog.instrs[i];
     s << "  " << computeType(ins.dtype) << " t" << i << ";\n  {\n";
     for (size_t k = 0; k < ins.args.size(); ++k) {
+      if (isRandom(ins.op) && k >= 2) continue;  // seed and offset: taken by the caller's draw
       const DataType at = argType(ins, k);
       s << "    const " << computeType(at) << " " << static_cast<char>('a' + k) << " = "
         << operandExpr(prog, ins.args[k], at) << ";\n";
@@ -426,14 +466,22 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
   }
   s << "}\n\n";
 
-  // g<k>: the random op's global element index, from the flat index (contiguous) or o_rand<k>.
-  auto randomArgs = [&](const std::string& flat) {
-    std::string a;
+  const std::vector<RandomDraw> draws = randomDraws(prog);
+  // The words of each random op's element g<k> (an expression), one draw per element.
+  auto elementWords = [&](const std::function<std::string(int)>& g, const std::string& indent) {
     for (int k = 0; k < nrand; ++k)
-      a += ", static_cast<u64>(p.rand_base[" + std::to_string(k) + "] + " +
-           (flat.empty() ? "o_rand" + std::to_string(k) : flat) + ")";
-    return a;
+      s << indent << "const uint4 r" << k << " = philoxElement(" << g(k) << ", " << draws[k].words << ", "
+        << draws[k].offset << ", " << draws[k].seed << ");\n";
   };
+  auto chainCall = [&](const std::function<std::string(int)>& words, const std::function<std::string(int)>& x,
+                       const std::function<std::string(int)>& y) {
+    std::string c = "chain(p";
+    for (int k = 0; k < nrand; ++k) c += ", " + words(k);
+    for (int i = 0; i < ninputs; ++i) c += ", " + x(i);
+    for (int o = 0; o < nout; ++o) c += ", " + y(o);
+    return c + ");\n";
+  };
+  auto rName = [](int k) { return "r" + std::to_string(k); };
   auto scalarElement = [&](const std::string& in_index, const std::string& out_index, const std::string& indent) {
     for (int i = 0; i < ninputs; ++i) {
       std::string idx = in_index.empty() ? "o_in" + std::to_string(i) : in_index;
@@ -441,10 +489,9 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
         << storageType(prog.inputs[i]) << "*>(p.in[" << i << "])[" << idx << "];\n";
     }
     for (int o = 0; o < nout; ++o) s << indent << storageType(out_types[o]) << " y" << o << ";\n";
-    s << indent << "chain(p" << randomArgs(in_index);
-    for (int i = 0; i < ninputs; ++i) s << ", x" << i;
-    for (int o = 0; o < nout; ++o) s << ", y" << o;
-    s << ");\n";
+    s << indent
+      << chainCall(
+             rName, [](int i) { return "x" + std::to_string(i); }, [](int o) { return "y" + std::to_string(o); });
     for (int o = 0; o < nout; ++o) {
       std::string idx = out_index.empty() ? "o_out" + std::to_string(o) : out_index;
       s << indent << "static_cast<" << storageType(out_types[o]) << "*>(p.out[" << o << "])[" << idx << "] = y" << o
@@ -454,39 +501,67 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
 
   s << "extern \"C\" __global__ void __launch_bounds__(256) " << name << "(const Params p) {\n";
   if (var.contiguous) {
+    // A thread takes a unit of `unit` consecutive elements, `packs` vector accesses: with random ops
+    // at least 4, so that a unit's elements are whole Philox counters (the contiguous variant has
+    // every random op's index the flat index, base 0) and each counter is drawn once.
+    const int unit = pointwiseElementsPerThread(prog, var), packs = unit / vec;
     s << "  const i64 n = p.n;\n  const i64 step = static_cast<i64>(gridDim.x) * blockDim.x;\n"
       << "  const i64 tid = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
     std::string tail_start = "tid";
-    if (vec > 1) {
-      s << "  const i64 nv = n / " << vec << ";\n  for (i64 v = tid; v < nv; v += step) {\n";
+    if (unit > 1) {
+      s << "  const i64 nu = n / " << unit << ";\n  for (i64 u = tid; u < nu; u += step) {\n";
+      for (int k = 0; k < nrand; ++k) {
+        const int counters = unit * draws[k].words / 4;
+        s << "    uint4 q" << k << "[" << counters << "];\n#pragma unroll\n    for (int j = 0; j < " << counters
+          << "; ++j) q" << k << "[j] = philox4x32(static_cast<u64>(u) * " << counters << " + j, " << draws[k].offset
+          << ", " << draws[k].seed << ");\n";
+      }
+      s << "#pragma unroll\n    for (int pk = 0; pk < " << packs << "; ++pk) {\n      const i64 v = u * " << packs
+        << " + pk;\n";
       for (int i = 0; i < ninputs; ++i) {
         std::string pack = "Pack<" + storageType(prog.inputs[i]) + ", " + std::to_string(vec) + ">";
-        s << "    const " << pack << " vx" << i << " = reinterpret_cast<const " << pack << "*>(p.in[" << i
+        s << "      const " << pack << " vx" << i << " = reinterpret_cast<const " << pack << "*>(p.in[" << i
           << "])[v];\n";
       }
       for (int o = 0; o < nout; ++o)
-        s << "    Pack<" << storageType(out_types[o]) << ", " << vec << "> vy" << o << ";\n";
-      s << "#pragma unroll\n    for (int k = 0; k < " << vec << "; ++k) chain(p"
-        << randomArgs("v * " + std::to_string(vec) + " + k");
-      for (int i = 0; i < ninputs; ++i) s << ", vx" << i << ".v[k]";
-      for (int o = 0; o < nout; ++o) s << ", vy" << o << ".v[k]";
-      s << ");\n";
+        s << "      Pack<" << storageType(out_types[o]) << ", " << vec << "> vy" << o << ";\n";
+      s << "#pragma unroll\n      for (int k = 0; k < " << vec << "; ++k) {\n        const int e = pk * " << vec
+        << " + k;  // the element within the unit\n        "
+        << chainCall(
+               [&](int k) {
+                 const int per = 4 / draws[k].words;
+                 return "philoxFrom(q" + std::to_string(k) + "[e / " + std::to_string(per) + "], e % " +
+                        std::to_string(per) + " * " + std::to_string(draws[k].words) + ")";
+               },
+               [](int i) { return "vx" + std::to_string(i) + ".v[k]"; },
+               [](int o) { return "vy" + std::to_string(o) + ".v[k]"; })
+        << "      }\n";
       for (int o = 0; o < nout; ++o) {
         std::string pack = "Pack<" + storageType(out_types[o]) + ", " + std::to_string(vec) + ">";
-        s << "    reinterpret_cast<" << pack << "*>(p.out[" << o << "])[v] = vy" << o << ";\n";
+        s << "      reinterpret_cast<" << pack << "*>(p.out[" << o << "])[v] = vy" << o << ";\n";
       }
-      s << "  }\n";
-      tail_start = "nv * " + std::to_string(vec) + " + tid";
+      s << "    }\n  }\n";
+      tail_start = "nu * " + std::to_string(unit) + " + tid";
     }
     s << "  for (i64 i = " << tail_start << "; i < n; i += step) {\n";
+    elementWords([](int k) { return "static_cast<u64>(p.rand_base[" + std::to_string(k) + "] + i)"; }, "    ");
     scalarElement("i", "i", "    ");
     s << "  }\n";
   } else {
+    // With random ops a thread takes 4 consecutive elements and draws a counter again only where an
+    // element's index leaves the previous element's counter (q<k>, counter c<k>): where the op's
+    // index runs on with the iteration (a shard's rows) a counter serves up to 4 elements.
+    const int unit = pointwiseElementsPerThread(prog, var);
     const std::string it = var.index32 ? "unsigned" : "u64";
     s << "  const " << it << " n = static_cast<" << it << ">(p.n);\n"
+      << "  const " << it << " units = n / " << unit << " + (n % " << unit << " != 0);\n"
       << "  const " << it << " step = static_cast<" << it << ">(gridDim.x) * blockDim.x;\n"
-      << "  for (" << it << " i = static_cast<" << it
-      << ">(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {\n"
+      << "  for (" << it << " u = static_cast<" << it
+      << ">(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += step) {\n";
+    for (int k = 0; k < nrand; ++k) s << "    u64 c" << k << " = ~0ull;\n    uint4 q" << k << ";\n";
+    s << "    for (int s = 0; s < " << unit << "; ++s) {\n"
+      << "    const " << it << " i = u * " << unit << " + s;\n"
+      << "    if (i >= n) break;\n"
       << "    " << it << " rem = i;\n";
     for (int i = 0; i < ninputs; ++i) s << "    " << it << " o_in" << i << " = 0;\n";
     for (int o = 0; o < nout; ++o) s << "    " << it << " o_out" << o << " = 0;\n";
@@ -501,8 +576,18 @@ std::string generatePointwiseSource(const PointwiseProgram& prog, const Pointwis
     for (int k = 0; k < nrand; ++k)  // global indices can pass 2^32 even when the local block does not
       s << "      o_rand" << k << " += static_cast<u64>(idx) * static_cast<u64>(p.rand_st[" << k << "][d]);\n";
     s << "    }\n";
+    for (int k = 0; k < nrand; ++k) {
+      const std::string ks = std::to_string(k), per = std::to_string(4 / draws[k].words);
+      s << "    const u64 g" << ks << " = static_cast<u64>(p.rand_base[" << ks << "]) + o_rand" << ks << ";\n"
+        << "    if (g" << ks << " / " << per << " != c" << ks << ") {\n"
+        << "      c" << ks << " = g" << ks << " / " << per << ";\n"
+        << "      q" << ks << " = philox4x32(c" << ks << ", " << draws[k].offset << ", " << draws[k].seed << ");\n"
+        << "    }\n"
+        << "    const uint4 r" << ks << " = philoxFrom(q" << ks << ", static_cast<int>(g" << ks << " % " << per
+        << ") * " << draws[k].words << ");\n";
+    }
     scalarElement("", "", "    ");
-    s << "  }\n";
+    s << "    }\n  }\n";
   }
   s << "}\n";
   return s.str();

@@ -2,7 +2,9 @@
 // over tensor inputs, runtime scalars and constants; the generated kernel evaluates the whole chain
 // per element (one read of each input, one write of each output) in a grid-stride loop. Random ops
 // (uniform, normal) run the Philox arithmetic of runtime/philox.h on the element's row-major index
-// in the global tensor, so CUDA and CPU draw the same numbers. Variants:
+// in the global tensor (element g: counter g / (4 / W), W words from word (g % (4 / W)) * W), so
+// CUDA and CPU draw the same numbers; a thread takes groups of consecutive elements and draws each
+// counter once for all the elements it serves. Variants:
 // the contiguous fast path (flat index, 16-byte vector loads/stores) and the strided path
 // (broadcasting and views through per-tensor strides over the coalesced iteration shape).
 // CUDA-free header: the codegen is plain string building, testable without a GPU.
@@ -65,13 +67,18 @@ struct RandomIndex {
 // random op's index strides.
 size_t pointwiseParamWords(const PointwiseProgram& program, const PointwiseVariant& variant);
 
+// Elements a thread takes per step of its grid-stride loop: a vector's on the contiguous path; with
+// random ops at least 4 (whole Philox counters, each drawn once: runtime/philox.h).
+int pointwiseElementsPerThread(const PointwiseProgram& program, const PointwiseVariant& variant);
+
 std::string generatePointwiseSource(const PointwiseProgram& program, const PointwiseVariant& variant,
                                     const std::string& kernel_name);
 
 // The CUDA expression of a pointwise op (not creation ops) whose operands, named a, b, c, are
 // already of computeType(`operand_dtype`); shared with the normalization generator.
 std::string opExpression(OpType op, DataType operand_dtype);
-// Device functions philox4x32(index, offset, seed), philoxUniform{F,D}, philoxNormal{F,D}: the
+// Device functions philox4x32(counter, offset, seed), philoxElement(g, words, offset, seed) (element
+// g's words, from .x on), philoxUniform{F,D} and philoxNormal{F,D} (a value from those words): the
 // arithmetic of runtime/philox.h, rounding step by step as it does (no contraction into FMAs).
 std::string philoxSource();
 

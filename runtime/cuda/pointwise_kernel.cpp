@@ -204,7 +204,8 @@ void runPointwise(int device, const PointwiseProgram& program, const std::vector
   const std::string key = "pointwise|" + program.key() + "|" + variant.key();
   KernelFunction kernel = cachedKernel(
       device, key, [&] { return generatePointwiseSource(program, variant, kKernelName); }, kKernelName);
-  const int64_t work = variant.contiguous ? (n + variant.vector_width - 1) / variant.vector_width : n;
+  const int64_t per_thread = pointwiseElementsPerThread(program, variant);
+  const int64_t work = (n + per_thread - 1) / per_thread;
   const int64_t max_blocks = static_cast<int64_t>(multiprocessorCount(device)) * kBlocksPerSm;
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min((work + kBlock - 1) / kBlock, max_blocks)));
   DeviceGuard guard(device);

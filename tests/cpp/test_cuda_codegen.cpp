@@ -121,22 +121,64 @@ TEST(PointwiseCodegenRandom, UniformAndNormalCompileInEveryVariant) {
   for (DataType dt : {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16}) {
     const PointwiseProgram prog = randomProgram(dt);
     EXPECT_EQ(prog.numRandom(), 2);
-    PointwiseVariant vec;
-    vec.vector_width = 4;
-    PointwiseVariant strided;
-    strided.contiguous = false;
-    strided.ndim = 2;
-    for (const PointwiseVariant& v : {vec, strided}) {
+    std::vector<PointwiseVariant> variants;
+    for (int width : {1, 2, 4, 8}) {
+      PointwiseVariant vec;
+      vec.vector_width = width;
+      variants.push_back(vec);
+    }
+    for (bool index32 : {false, true}) {
+      PointwiseVariant strided;
+      strided.contiguous = false;
+      strided.ndim = 2;
+      strided.index32 = index32;
+      variants.push_back(strided);
+    }
+    for (const PointwiseVariant& v : variants) {
       SCOPED_TRACE(toString(dt) + " " + v.key());
       const std::string src = cuda::generatePointwiseSource(prog, v, "rng");
       EXPECT_NE(src.find(dt == DataType::Double ? "philoxUniformD" : "philoxUniformF"), std::string::npos);
       EXPECT_NE(src.find("rand_base"), std::string::npos);
       EXPECT_EQ(src.find("rand_st") != std::string::npos, !v.contiguous);
+      // A thread takes whole counters: at least 4 elements (runtime/philox.h: 4 a counter at most).
+      const int unit = cuda::pointwiseElementsPerThread(prog, v);
+      EXPECT_EQ(unit, v.contiguous ? std::max(4, v.vector_width) : 4);
+      // Contiguous: the unit's counters drawn once each, before its elements (a Float uniform's
+      // unit of 4 needs 1 counter; a Double normal's 4).
+      if (v.contiguous) EXPECT_NE(src.find("philox4x32(static_cast<u64>(u) * "), std::string::npos);
       // The parameter block: 1 (no input) + 2 outputs + 1 scalar + n + 2 bases (+ strided arrays).
       EXPECT_EQ(cuda::pointwiseParamWords(prog, v), v.contiguous ? 7u : 7u + 2u * (1 + 1 + 2 + 2));
       EXPECT_NO_THROW(compile(src)) << src;
     }
   }
+}
+
+// A draw fused with a tensor input (a dropout mask applied): packs of the input around the unit's
+// counters; and a random op whose seed is a tensor is refused (the draw happens outside the chain).
+TEST(PointwiseCodegenRandom, DrawFusedWithATensorInputCompiles) {
+  PointwiseProgram p;
+  p.inputs = {DataType::Half};
+  p.num_scalars = 1;
+  const PointwiseProgram::Operand seed{Kind::Scalar, 0, 0, DataType::Int}, offset{Kind::Constant, 0, 3, DataType::Int};
+  p.instrs.push_back(
+      {OpType::Uniform,
+       {{Kind::Constant, 0, 0, DataType::Double}, {Kind::Constant, 0, 1, DataType::Double}, seed, offset},
+       DataType::Float});
+  p.instrs.push_back(
+      {OpType::Ge, {{Kind::Temp, 0, 0, DataType::Float}, {Kind::Constant, 0, 0.1, DataType::Double}}, DataType::Bool});
+  p.instrs.push_back({OpType::Mul, {input(0, DataType::Half), {Kind::Temp, 1, 0, DataType::Bool}}, DataType::Half});
+  p.outputs = {2};
+  for (int width : {1, 8}) {
+    PointwiseVariant v;
+    v.vector_width = width;
+    EXPECT_NO_THROW(compile(cuda::generatePointwiseSource(p, v, "masked"))) << width;
+  }
+  PointwiseVariant strided;
+  strided.contiguous = false;
+  strided.ndim = 3;
+  EXPECT_NO_THROW(compile(cuda::generatePointwiseSource(p, strided, "masked")));
+  p.instrs[0].args[2] = input(0, DataType::Half);
+  EXPECT_THROW(cuda::generatePointwiseSource(p, strided, "bad"), std::invalid_argument);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, PointwiseCodegen, ::testing::ValuesIn(kAllTypes),

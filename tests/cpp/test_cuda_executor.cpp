@@ -203,24 +203,34 @@ TEST(CudaExecutorPointwise, FullOnEveryDtypeFusedWithAnInput) {
 }
 
 // uniform on CUDA equals the CPU's bit for bit (same seed and offset); normal to float rounding.
-// `block`: the segment computes rows [4, 8) of a global [8, 1000] tensor (a sharded output), and
-// once more broadcast into a larger computation (the strided index path).
+// Modes: 0 the whole [4, 1001] tensor (odd rows: counters straddle them); 1 rows [3, 8) of a global
+// [8, 1001] tensor (a sharded output starting and ending mid-counter); 2 columns [501, 518) of it
+// (the strided index path, runs of 17); 3 broadcast into [3, 4, 1001] (the strided path, indices
+// repeating). The blocks are also checked against the whole tensor drawn on the CPU.
 TEST(CudaExecutorRandom, UniformMatchesTheCpuBitForBitAlsoForAShardedBlock) {
   SKIP_WITHOUT_GPU();
+  struct Mode {
+    std::vector<int64_t> local, global, offsets;
+  };
+  const std::vector<Mode> modes = {{{4, 1001}, {4, 1001}, {0, 0}},
+                                   {{5, 1001}, {8, 1001}, {3, 0}},
+                                   {{8, 17}, {8, 1001}, {0, 501}},
+                                   {{4, 1001}, {4, 1001}, {0, 0}}};
   for (DataType dt : {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16}) {
-    for (int mode = 0; mode < 3; ++mode) {  // 0: whole tensor, 1: a sharded block, 2: broadcast into [3, 4, 1000]
+    for (int mode = 0; mode < 4; ++mode) {
+      const Mode& m = modes[mode];
       Fusion f;
       auto num = [&](double v) { return f.newScalar(DataType::Double, v); };
       Scalar* seed = f.newScalar(DataType::Int, std::nullopt);
       f.addInput(seed);
-      TensorView* u = ops::uniform(num(-2), num(3), {mode == 1 ? 8 : 4, 1000}, dt, seed, f.newScalar(DataType::Int, 5));
-      TensorView* nrm = ops::normal(num(1), num(2), {mode == 1 ? 8 : 4, 1000}, dt, seed, f.newScalar(DataType::Int, 6));
+      TensorView* u = ops::uniform(num(-2), num(3), m.global, dt, seed, f.newScalar(DataType::Int, 5));
+      TensorView* nrm = ops::normal(num(1), num(2), m.global, dt, seed, f.newScalar(DataType::Int, 6));
       std::vector<TensorView*> outs = {u, nrm};
       TensorView* x = nullptr;
-      if (mode == 2) {
-        x = f.newTensor(dt, {3, 4, 1000});
+      if (mode == 3) {
+        x = f.newTensor(dt, {3, 4, 1001});
         f.addInput(x);
-        outs = {ops::binary(OpType::Mul, x, u)};  // u recomputed inside the [3, 4, 1000] kernel
+        outs = {ops::binary(OpType::Mul, x, u)};  // u recomputed inside the [3, 4, 1001] kernel
       }
       Segment seg;
       for (const auto& e : f.exprs()) seg.exprs.push_back(e.get());
@@ -230,17 +240,17 @@ TEST(CudaExecutorRandom, UniformMatchesTheCpuBitForBitAlsoForAShardedBlock) {
       ShapeMap shapes;
       for (const auto& v : f.vals())
         if (v->isTensor()) shapes[v.get()] = static_cast<TensorView*>(v.get())->shape();
-      if (mode == 1) {
+      if (m.local != m.global) {
         for (TensorView* t : {u, nrm}) {
-          shapes[t] = {4, 1000};
-          seg.global_blocks[t] = {{8, 1000}, {4, 0}};
+          shapes[t] = m.local;
+          seg.global_blocks[t] = {m.global, m.offsets};
         }
       }
       ValueMap cpu, gpu;
       cpu.scalars[seed] = gpu.scalars[seed] = 1234567;
       if (x) {
         std::mt19937 rng(24);
-        Tensor xt = randomTensor({3, 4, 1000}, dt, rng, -1, 1);
+        Tensor xt = randomTensor({3, 4, 1001}, dt, rng, -1, 1);
         cpu.tensors[x] = xt;
         gpu.tensors[x] = xt.to(Device::cuda(0));
       }
@@ -251,21 +261,23 @@ TEST(CudaExecutorRandom, UniformMatchesTheCpuBitForBitAlsoForAShardedBlock) {
       int64_t differ = 0;
       for (int64_t i = 0; i < a.numel(); ++i) differ += a.item(i) != b.item(i);
       EXPECT_EQ(differ, 0) << what << ": uniform differs from the CPU's in " << differ << " elements";
-      if (mode != 2) expectClose(cpu.tensor(nrm), gpu.tensor(nrm), "normal " + what, /*loose=*/false);
-      if (mode == 1) {  // the block is rows [4, 8) of the whole tensor drawn on the CPU
+      if (mode != 3) expectClose(cpu.tensor(nrm), gpu.tensor(nrm), "normal " + what, /*loose=*/false);
+      if (m.local != m.global) {  // the block is that block of the whole tensor drawn on the CPU
         Fusion whole;
         Scalar* s2 = whole.newScalar(DataType::Int, 1234567.0);
         TensorView* w = ops::uniform(whole.newScalar(DataType::Double, -2), whole.newScalar(DataType::Double, 3),
-                                     {8, 1000}, dt, s2, whole.newScalar(DataType::Int, 5));
+                                     m.global, dt, s2, whole.newScalar(DataType::Int, 5));
         Segment ws;
         ws.exprs = {whole.exprs()[0].get()};
         ws.outputs = {w};
         ValueMap wv;
-        makeCpuExecutor()->run(ws, wv, {{w, {8, 1000}}});
+        makeCpuExecutor()->run(ws, wv, {{w, m.global}});
         const Tensor full = wv.tensor(w);
         int64_t off = 0;
-        for (int64_t i = 0; i < b.numel(); ++i) off += full.item(4000 + i) != b.item(i);
-        EXPECT_EQ(off, 0) << what << ": the block is not rows 4..8 of the global tensor";
+        for (int64_t i = 0; i < m.local[0]; ++i)
+          for (int64_t j = 0; j < m.local[1]; ++j)
+            off += full.item((i + m.offsets[0]) * m.global[1] + j + m.offsets[1]) != b.item(i * m.local[1] + j);
+        EXPECT_EQ(off, 0) << what << ": the block is not its block of the global tensor";
       }
     }
   }

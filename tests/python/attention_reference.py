@@ -1,8 +1,9 @@
 """float64 numpy references for fused attention (sdpfa_fwd / sdpfa_bwd) and the dropout mask that a
-(philox_seed, philox_offset) pair implies, shared by the single- and multi-process tests."""
+(philox_seed, philox_offset) pair implies (numpy Philox, philox_reference.py), shared by the single-
+and multi-process tests."""
 import numpy as np
 
-from meshfuse import DataType, FusionDefinition
+import philox_reference
 
 
 def attention_reference(q, k, v, causal=False, scale=None, keep=None, p=0.0):
@@ -34,11 +35,7 @@ def attention_grad_reference(q, k, v, grad_out, causal=False, scale=None, keep=N
 
 
 def dropout_keep(shape, seed, offset, p):
-    """The mask sdpfa_fwd's (philox_seed, philox_offset) imply: fd.ops.uniform over the global
-    [b, h, s_q, s_kv] with that seed and offset, >= p."""
-    with FusionDefinition() as fd:
-        s = fd.define_scalar(dtype=DataType.Int)
-        o = fd.define_scalar(dtype=DataType.Int)
-        fd.add_output(fd.ops.uniform(0.0, 1.0, list(shape), DataType.Float, rng_seed=s, rng_offset=o))
-    (u,) = fd.execute([int(seed), int(offset)])
-    return np.asarray(u) >= np.float32(p)
+    """The mask sdpfa_fwd's (philox_seed, philox_offset) imply: the Float-precision uniform of each
+    element of the global [b, h, s_q, s_kv] (word g % 4 of Philox counter g / 4), >= p. Drawn by the
+    numpy Philox of philox_reference.py, independent of meshfuse."""
+    return philox_reference.dropout_keep(list(shape), int(seed), int(offset), p)

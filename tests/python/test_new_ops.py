@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import DATA_TYPE, random_array, run_fusion
 from host_ir_lines import launches
+import philox_reference
 
 from meshfuse import DataType, FusionDefinition
 
@@ -345,6 +346,37 @@ def test_random_fuses_with_pointwise_consumers(rng):
     (out,) = fd.execute([x])
     u = random_fd("uniform", 0.0, 1.0, [5, 8], DataType.Float, 1, 0).execute([])[0]
     np.testing.assert_array_equal(out, x * (u < 0.5))
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float, DataType.Double], ids=["float", "double"])
+@pytest.mark.parametrize("shape", [[17], [1000], [3, 1001], [2, 5, 7]], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", ["uniform", "normal"])
+def test_random_matches_the_numpy_philox(name, shape, dtype):
+    # philox_reference.py re-implements the stream in numpy: a Float uniform is word g % 4 of counter
+    # g / 4, a Double uniform and a Float normal two words of counter g / 2, a Double normal counter g.
+    seed, offset = (1 << 40) + 3, (1 << 33) + 7
+    a, b = (-2.0, 3.0) if name == "uniform" else (1.0, 2.0)
+    got = random_fd(name, a, b, shape, dtype, seed, offset).execute([])[0]
+    want = getattr(philox_reference, name)(shape, a, b, dtype == DataType.Double, seed, offset)
+    assert got.dtype == want.dtype
+    if name == "uniform":
+        np.testing.assert_array_equal(got, want)
+    else:  # numpy's log and cos are not the C library's: to a few ulp
+        tol = 1e-13 if dtype == DataType.Double else 4e-6
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float, DataType.Double], ids=["float", "double"])
+def test_broadcast_draw_matches_the_numpy_philox(dtype):
+    # The draw is recomputed inside a larger program (its global indices repeat across the new
+    # axis and do not follow the program's): each copy is the [6, 1001] draw.
+    np_dtype = np.float64 if dtype == DataType.Double else np.float32
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([4, 6, 1001], dtype=dtype)
+        fd.add_output(fd.ops.add(t, fd.ops.uniform(0.0, 1.0, [6, 1001], dtype, rng_seed=5, rng_offset=9)))
+    (out,) = fd.execute([np.zeros([4, 6, 1001], dtype=np_dtype)])
+    want = philox_reference.uniform([6, 1001], 0.0, 1.0, dtype == DataType.Double, 5, 9)
+    np.testing.assert_array_equal(out, np.broadcast_to(want, out.shape))
 
 
 # ---- errors before any kernel runs --------------------------------------------------------------

@@ -13,6 +13,7 @@ from meshfuse.multidevice import Communicator, DeviceMesh, shard_tensor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 from host_ir_lines import communications, launches as segments  # noqa: E402
+import philox_reference  # noqa: E402
 
 COMM = Communicator.instance()
 RANK, WORLD = COMM.rank, COMM.size
@@ -105,6 +106,17 @@ def test_sharded_random_is_a_block_of_the_unsharded_tensor(name, axis):
     (whole,) = draw(name, shape, seed=21, offset=4).execute([])
     assert local.shape[axis] == shape[axis] // WORLD
     np.testing.assert_array_equal(local, block(whole, axis))
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float, DataType.Double], ids=["float", "double"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_sharded_uniform_is_its_block_of_the_numpy_philox(axis, dtype):
+    # Rows of 5 (axis 0) or 17 (axis 1): every rank but the first starts its block mid-counter (a
+    # Float uniform is word g % 4 of counter g / 4, a Double one two words of counter g / 2).
+    shape = [3 * WORLD, 17] if axis == 0 else [5, 17 * WORLD]
+    (local,) = draw("uniform", shape, dtype, seed=(1 << 35) + 1, offset=77, axis=axis).execute([])
+    want = philox_reference.uniform(shape, 0.0, 1.0, dtype == DataType.Double, (1 << 35) + 1, 77)
+    np.testing.assert_array_equal(local, block(want, axis))
 
 
 def test_unseeded_sharded_draw_is_one_global_tensor():
