@@ -415,6 +415,12 @@ TEST(NormalizationCodegen, SoftmaxMultipliesByTheRowReciprocal) {
 
 // One barrier per block-wide reduction: LayerNorm's two levels (mean, variance) take two per row,
 // RMSNorm's one level one (its buffer alternates between row groups).
+int occurrences(const std::string& text, const std::string& needle) {
+  int count = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++count;
+  return count;
+}
+
 TEST(NormalizationCodegen, OneBarrierPerBlockReduction) {
   using testing_norms::Norm;
   for (auto [norm, barriers] : {std::pair{Norm::LayerNorm, 2}, std::pair{Norm::RmsNorm, 1}}) {
@@ -424,10 +430,7 @@ TEST(NormalizationCodegen, OneBarrierPerBlockReduction) {
     const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
     ASSERT_GT(v.threads_x, 32);
     const std::string src = cuda::generateNormalizationSource(launch->program, v, "k");
-    int count = 0;
-    for (size_t at = src.find("__syncthreads()"); at != std::string::npos; at = src.find("__syncthreads()", at + 1))
-      ++count;
-    EXPECT_EQ(count, barriers) << testing_norms::toString(norm);
+    EXPECT_EQ(occurrences(src, "__syncthreads()"), barriers) << testing_norms::toString(norm);
   }
 }
 
@@ -442,11 +445,7 @@ TEST(NormalizationCodegen, PersistentKernelsPrefetchTheNextRowGroup) {
     cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
     ASSERT_TRUE(v.prefetch && v.items > 0) << v.key();
     const std::string src = cuda::generateNormalizationSource(launch->program, v, "k");
-    int count = 0;
-    for (size_t at = src.find("prefetch.global.L2"); at != std::string::npos;
-         at = src.find("prefetch.global.L2", at + 1))
-      ++count;
-    EXPECT_EQ(count, inputs) << testing_norms::toString(norm);
+    EXPECT_EQ(occurrences(src, "prefetch.global.L2"), inputs) << testing_norms::toString(norm);
     ASSERT_NO_THROW(compile(src)) << src;
     v.prefetch = false;
     EXPECT_EQ(cuda::generateNormalizationSource(launch->program, v, "k").find("prefetch"), std::string::npos);
