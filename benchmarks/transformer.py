@@ -4,6 +4,7 @@ same work, in one table.
 CPU, tensor parallel over MPI ranks (one rank per process; torch's side is a Megatron layer with
 manual all_reduce over its gloo process group):
     mpirun -np 2 /usr/bin/python3 benchmarks/transformer.py --device cpu --hidden 1024 --sequence 512
+(--breakdown 5 adds rank 0's time per segment kind, from traces of five more meshfuse steps.)
 GPU, one device (the GPT-3 layer, causal, dropout 0.1), against torch eager and torch.compile:
     python3 benchmarks/transformer.py --device cuda --batch 1 --sequence 2048 --heads 96 --hidden 12288
 With several GPUs (one rank per GPU) the same command under mpirun runs TP over d = world size.
@@ -157,6 +158,7 @@ def run_cpu(args):
 
     rows.append(("forward+backward", timed(mf_step, barrier, args.warmup, args.iters),
                  timed(torch_step, barrier, args.warmup, args.iters)))
+    parts = cpu_breakdown(layer, x, dy, args) if args.breakdown else None
     if d > 1:  # torch 1.13 aborts at exit when its gloo group's threads outlive the interpreter
         torch.distributed.destroy_process_group()
     if rank == 0:
@@ -166,17 +168,42 @@ def run_cpu(args):
         for name, mf, tt in rows:
             flops = layer_flops(cfg, name != "forward") / d
             print(f"{name:<18}{mf * 1e3:>13.2f}{tt * 1e3:>15.2f}{tt / mf:>9.2f}x{flops / mf / 1e9:>12.1f}")
+        for name, kinds in (parts or {}).items():
+            desc = ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            print(f"# rank 0 {name} ms by segment kind (mean of {args.breakdown} traced steps): {desc}, "
+                  f"total {sum(kinds.values()):.2f}")
 
 
-def trace_breakdown(path):
-    """Milliseconds per segment kind (and communication) in a meshfuse trace."""
+def cpu_breakdown(layer, x, dy, args):
+    """Rank 0's milliseconds per segment kind in the forward and backward fusions, from a trace of each
+    over args.breakdown steps (communication: mostly waiting for the other ranks)."""
+    from meshfuse.torch import _plain
+    fwd, bwd = layer.forward_fusion, layer.backward_fusion
+    params = [_plain(getattr(layer, n)) for n in tf.PARAMETERS]
+    parts = {"forward": {}, "backward": {}}
+    for _ in range(args.breakdown):
+        trace = os.path.join(args.trace_dir, "transformer_cpu_fwd_trace.json")
+        outs = dict(zip(tf.FORWARD_OUTPUTS, fwd.execute([_plain(x)] + params, trace=trace)))
+        step = {"forward": trace_breakdown(trace, pid=0) if layer.rank == 0 else {}}
+        arrays = dict(outs, x=_plain(x), grad_out=dy, **dict(zip(tf.PARAMETERS, params)))
+        trace = os.path.join(args.trace_dir, "transformer_cpu_bwd_trace.json")
+        bwd.execute([arrays[n] for n in bwd.input_names()], trace=trace)
+        step["backward"] = trace_breakdown(trace, pid=0) if layer.rank == 0 else {}
+        for name, kinds in step.items():
+            for kind, ms in kinds.items():
+                parts[name][kind] = parts[name].get(kind, 0.0) + ms / args.breakdown
+    return parts
+
+
+def trace_breakdown(path, pid=None):
+    """Milliseconds per segment kind (and communication) in a meshfuse trace (of one rank: pid)."""
     import json
     with open(path) as f:
         events = json.load(f)
     events = events.get("traceEvents", events) if isinstance(events, dict) else events
     total = {}
     for ev in events:
-        if ev.get("ph") != "X":
+        if ev.get("ph") != "X" or (pid is not None and ev.get("pid") != pid):
             continue
         kind = ev["name"].split()[0] if ev.get("cat") == "compute" else "communication"
         total[kind] = total.get(kind, 0.0) + ev["dur"] / 1e3
@@ -293,6 +320,8 @@ def main():
     ap.add_argument("--trace-dir", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--attention-dropout", type=float, default=None,
                     help="dropout inside attention, both sides (default: --dropout)")
+    ap.add_argument("--breakdown", type=int, default=0, metavar="STEPS",
+                    help="CPU: also trace STEPS meshfuse steps and print rank 0's time per segment kind")
     ap.add_argument("--profile", action="store_true",
                     help="CUDA: also profile one call of each pass (GPU busy time and top kernels)")
     args = ap.parse_args()

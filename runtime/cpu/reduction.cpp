@@ -20,6 +20,7 @@
 #include "ops/shape_inference.h"
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/element_traits.h"
+#include "runtime/cpu/simd_clones.h"
 #include "runtime/cpu/strided_space.h"
 
 namespace meshfuse::cpu {
@@ -163,6 +164,19 @@ void reduceRows(const S* base, const ReductionPlan& p, A* result) {
   }
 }
 
+// acc[j] = combine(acc[j], src[j * stride]) for j < n: one reduced element of a block of columns.
+// Its own SIMD clones (the library's baseline build would convert and add two doubles at a time;
+// AVX-512 does eight, and the bias gradients of the transformer layer's backward, column sums of
+// [512, 2048] floats, took 0.5-0.9 ms each).
+template <typename S, typename A, typename Op>
+MESHFUSE_SIMD_CLONES void accumulateColumns(A* __restrict acc, const S* __restrict src, int64_t n, int64_t stride) {
+  if (stride == 1) {
+    for (int64_t j = 0; j < n; ++j) acc[j] = Op::combine(acc[j], Elem<S>::template load<A>(src[j]));
+  } else {
+    for (int64_t j = 0; j < n; ++j) acc[j] = Op::combine(acc[j], Elem<S>::template load<A>(src[j * stride]));
+  }
+}
+
 template <typename S, typename A, typename Op>
 void reduceColumns(const S* base, const ReductionPlan& p, A* result) {
   // The inner kept axis is the vector axis; the outer kept axes pick a block's origin.
@@ -186,12 +200,7 @@ void reduceColumns(const S* base, const ReductionPlan& p, A* result) {
     const int64_t r_begin = p.count * c / chunks, r_end = p.count * (c + 1) / chunks;
     Odometer pos(p.red, r_begin);
     for (int64_t r = r_begin; r < r_end; ++r, pos.next()) {
-      const S* src = base + in_off + pos.offset + j0 * vin;
-      if (vin == 1) {
-        for (int64_t j = 0; j < vlen; ++j) acc[j] = Op::combine(acc[j], Elem<S>::template load<A>(src[j]));
-      } else {
-        for (int64_t j = 0; j < vlen; ++j) acc[j] = Op::combine(acc[j], Elem<S>::template load<A>(src[j * vin]));
-      }
+      accumulateColumns<S, A, Op>(acc, base + in_off + pos.offset + j0 * vin, vlen, vin);
     }
     for (int64_t j = 0; j < vlen; ++j) {
       if (chunks == 1)

@@ -104,6 +104,44 @@ def test_bfloat16_through_float(rng, causal):
         np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * max(1.0, np.abs(want).max()))
 
 
+@pytest.mark.parametrize("dtype", [F32, F64, BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("causal", [False, True])
+def test_permuted_slices_of_one_projection(rng, dtype, causal):
+    # As the transformer layer feeds them: q, k, v are permuted slices of one [b, s, h, 3d] tensor
+    # and grad_out a permuted [b, s, h, d] one (rows of d contiguous elements, 3hd and hd apart),
+    # which the kernels read in place; BFloat16 is copied to float first. Odd s and d.
+    b, s, h, d = 2, 37, 3, 24
+    fused = rng.standard_normal([b, s, h, 3 * d]).astype(np.float32)
+    go_bshd = rng.standard_normal([b, s, h, d]).astype(np.float32)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([b, s, h, 3 * d], dtype=dtype)
+        g = fd.define_tensor([b, s, h, d], dtype=dtype)
+        q, k, v = (fd.ops.permute(fd.ops.slice(x, [0, 0, 0, i * d], [b, s, h, (i + 1) * d]), [0, 2, 1, 3])
+                   for i in range(3))
+        go = fd.ops.permute(g, [0, 2, 1, 3])
+        out, lse, seed, offset = fd.ops.sdpfa_fwd(q, k, v, is_causal=causal)
+        for t in (out, *fd.ops.sdpfa_bwd(go, q, k, v, out, lse, 0.0, causal, seed, offset)):
+            fd.add_output(t)
+    as_dtype = {F32: fused, F64: fused.astype(np.float64), BF16: None}[dtype]
+    if dtype == BF16:  # no numpy bfloat16: bf16 values held in float32, defined through a cast
+        pytest.importorskip("torch")
+        import torch
+        args = [torch.from_numpy(a).to(torch.bfloat16) for a in (fused, go_bshd)]
+        res = [t.float().numpy() for t in fd.execute(args)]
+        fused, go_bshd = (a.float().numpy() for a in args)
+        tol = 3e-2
+    else:
+        res = fd.execute([as_dtype, go_bshd.astype(as_dtype.dtype)])
+        tol = 1e-4
+    heads = fused.astype(np.float64).transpose(0, 2, 1, 3)
+    rq, rk, rv = heads[..., :d], heads[..., d:2 * d], heads[..., 2 * d:]
+    rgo = go_bshd.astype(np.float64).transpose(0, 2, 1, 3)
+    ref_out, _, _ = attention_reference(rq, rk, rv, causal)
+    np.testing.assert_allclose(res[0], ref_out, rtol=tol, atol=tol)
+    for got, want in zip(res[1:], attention_grad_reference(rq, rk, rv, rgo, causal)):
+        np.testing.assert_allclose(got, want, rtol=10 * tol, atol=10 * tol * max(1.0, np.abs(want).max()))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_central_finite_differences_float64(rng, causal):
     b, h, sq, skv, d = 1, 2, 5, 7, 4

@@ -50,7 +50,7 @@ def test_forward_and_backward_match_float64_reference(attention_dropout):
         assert 0.4 < akeep.mean() < 0.9
     p64 = {k: v.astype(np.float64) for k, v in params.items()}
     r = ref.forward(x.astype(np.float64), p64, m1, m2, cfg, akeep)
-    for name in ("ln0_mean", "qkv", "sdpa_out", "sdpa_lse", "attn_out", "ln1_mean", "fc1_out", "out"):
+    for name in ("ln0_mean", "qkv", "sdpa_out", "sdpa_lse", "attn_out", "ln1_mean", "fc1_out", "gelu_out", "out"):
         np.testing.assert_allclose(outs[name], r[name], rtol=2e-4, atol=2e-4, err_msg=name)
     np.testing.assert_allclose(outs["ln0_rstd"], r["ln0_rstd"], rtol=2e-4, err_msg="ln0_rstd")
     g = ref.backward(dout.astype(np.float64), x.astype(np.float64), p64, m1, m2, cfg, akeep)
@@ -147,7 +147,7 @@ def test_cuda_bf16_layer_matches_float64_reference():
                          cfg.sdpa_dropout_p)
     p64 = {n: as64[n] for n in PARAMETERS}
     r = ref.forward(as64["x"], p64, m1, m2, cfg, akeep)
-    for name in ("qkv", "sdpa_out", "attn_out", "fc1_out", "out"):
+    for name in ("qkv", "sdpa_out", "attn_out", "fc1_out", "gelu_out", "out"):
         got = outs[name].double().cpu().numpy()
         np.testing.assert_allclose(got, r[name], rtol=5e-2, atol=3e-2 * np.abs(r[name]).max(), err_msg=name)
     g = ref.backward(as64["grad_out"], as64["x"], p64, m1, m2, cfg, akeep)

@@ -85,7 +85,7 @@ def forward(x, p, mask1, mask2, cfg, attn_keep=None):
     ln1, r["ln1_mean"], r["ln1_rstd"], r["xhat1"] = layer_norm(r["h1"], p["ln1_weight"], p["ln1_bias"], cfg.eps)
     r["ln1"] = ln1
     r["fc1_out"] = ln1 @ p["fc1_weight"].T + p["fc1_bias"]
-    r["gelu"] = gelu(r["fc1_out"])
+    r["gelu"] = r["gelu_out"] = gelu(r["fc1_out"])
     r["fc2_out"] = r["gelu"] @ p["fc2_weight"].T + p["fc2_bias"]
     r["out"] = r["h1"] + r["fc2_out"] * mask2 / keep
     return r

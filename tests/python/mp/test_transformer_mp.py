@@ -81,7 +81,7 @@ def test_layer_matches_reference_on_every_rank(schedule, batch, backend):
     m1, m2 = full["attn_dropout_mask"], full["mlp_dropout_mask"]
     p64 = {n: arrays[n].astype(np.float64) for n in PARAMETERS}
     r = ref.forward(arrays["x"].astype(np.float64), p64, m1, m2, cfg)
-    for name in ("qkv", "sdpa_out", "attn_out", "fc1_out", "out"):
+    for name in ("qkv", "sdpa_out", "attn_out", "fc1_out", "gelu_out", "out"):
         np.testing.assert_allclose(full[name], r[name], rtol=1e-4, atol=1e-4, err_msg=f"rank {RANK}: {name}")
 
     # The backward takes the forward's outputs as they are (its schedule shards them as the forward
