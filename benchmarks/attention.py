@@ -9,9 +9,9 @@ Run the CPU part with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset for that command 
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
+from timing import best_time  # noqa: E402 (this directory, first on the path of a script run)
 
 
 def flops(b, h, s, d, causal, backward=False):
@@ -101,12 +101,7 @@ def cpu(args):
         return sc @ v
 
     def best(fn, reps):
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return min(times)
+        return best_time(fn, repeat=reps, warmup=False)
 
     print(f"CPU one thread, b={b} h={h} s={s} d={d} fp32")
     for causal in (False, True):
@@ -134,13 +129,7 @@ def cpu_dropout(args):
     q, k, v, go = (rng.standard_normal([b, h, s, d]).astype(np.float32) for _ in range(4))
 
     def best(fn):
-        fn()
-        times = []
-        for _ in range(args.reps):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return min(times) * 1e3
+        return best_time(fn, repeat=args.reps) * 1e3
 
     print(f"CPU one thread, dropout cost at b={b} h={h} s={s} d={d} causal fp32")
     for p in (0.0, 0.1):

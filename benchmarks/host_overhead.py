@@ -16,16 +16,11 @@ import time
 import numpy as np
 
 from meshfuse import DataType, FusionDefinition, _arrays
+from timing import best_time
 
 
-def best_of(fn, iters, repeats=5):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        times.append((time.perf_counter() - t0) / iters)
-    return min(times)
+def best_of(fn, iters):
+    return best_time(fn, calls=iters, repeat=5, warmup=False)
 
 
 def transformer_backward(iters):

@@ -21,11 +21,11 @@ float64 references they are checked against) are device independent.
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 from meshfuse import DataType, FusionDefinition
+from timing import best_time
 
 EPS = 1e-5
 CASES = ("layernorm", "rmsnorm", "softmax", "layernorm_bwd")
@@ -117,13 +117,7 @@ def min_bytes(case, rows, cols, itemsize=4):
 
 
 def best_of(fn, repeat):
-    fn()  # warm-up (compilation, first-touch allocation)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return best_time(fn, repeat=repeat)
 
 
 def check(case, got, arrays, tol):

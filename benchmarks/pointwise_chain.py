@@ -12,12 +12,12 @@ import argparse
 import math
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
 from meshfuse import FusionDefinition  # noqa: E402
+from timing import best_time  # noqa: E402
 
 C, A = math.sqrt(2.0 / math.pi), 0.044715
 
@@ -44,17 +44,6 @@ def define(shape):
     return fd
 
 
-def best(fn, calls, repeat):
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls)
-    return min(times)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", type=int, nargs=2, default=[512, 2048], help="default: the layer's per-rank [s, 4e/d]")
@@ -70,15 +59,15 @@ def main():
     err = float(np.abs(got - want).max())
     assert err < 1e-4, f"meshfuse differs from float64 by {err}"
     assert sum("LaunchSegment pointwise" in line for line in fd.host_ir().splitlines()) == 1
-    rows = [("meshfuse (1 segment)", best(lambda: fd.execute([u, dy]), args.calls, args.repeat)),
-            ("numpy", best(lambda: gelu_backward(np, u, dy), args.calls, args.repeat))]
+    rows = [("meshfuse (1 segment)", best_time(lambda: fd.execute([u, dy]), args.calls, args.repeat)),
+            ("numpy", best_time(lambda: gelu_backward(np, u, dy), args.calls, args.repeat))]
     try:
         import jax
         import jax.numpy as jnp
         jax.config.update("jax_platform_name", "cpu")
         jf = jax.jit(lambda a, b: gelu_backward(jnp, a, b))
         ju, jdy = jax.device_put(u), jax.device_put(dy)
-        rows.append(("jax jit", best(lambda: jf(ju, jdy).block_until_ready(), args.calls, args.repeat)))
+        rows.append(("jax jit", best_time(lambda: jf(ju, jdy).block_until_ready(), args.calls, args.repeat)))
     except ImportError:
         print("jax is not installed: its row is left out (scripts/setup --bench installs it)", file=sys.stderr)
     bytes_moved = 3 * u.nbytes
