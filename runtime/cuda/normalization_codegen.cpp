@@ -262,8 +262,7 @@ class Emitter {
     for (size_t l = 0; l < p_.loads.size(); ++l)
       if (p_.loads[l].varies == Varies::PerElement && vectorized(p_.loads[l])) ports.push_back(static_cast<int>(l));
     if (ports.empty()) return;
-    s_ << in << "if ((group + gridDim.x) * TY + ty < rows) {\n";
-    s_ << in << "  const i64 next = (group + gridDim.x) * TY + ty;\n";
+    s_ << in << "if (const i64 next = (group + gridDim.x) * TY + ty; next < rows) {\n";
     for (int l : ports) s_ << in << "  const i64 nl" << l << " = rowOffset(p, " << l << ", next);\n";
     s_ << in << "#pragma unroll\n"
        << in << "  for (int it = 0; it < ITEMS; ++it) {\n"

@@ -413,14 +413,14 @@ TEST(NormalizationCodegen, SoftmaxMultipliesByTheRowReciprocal) {
   EXPECT_NE(src.find("exp2f("), std::string::npos) << src;
 }
 
-// One barrier per block-wide reduction: LayerNorm's two levels (mean, variance) take two per row,
-// RMSNorm's one level one (its buffer alternates between row groups).
 int occurrences(const std::string& text, const std::string& needle) {
   int count = 0;
   for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++count;
   return count;
 }
 
+// One barrier per block-wide reduction: LayerNorm's two levels (mean, variance) take two per row,
+// RMSNorm's one level one (its buffer alternates between row groups).
 TEST(NormalizationCodegen, OneBarrierPerBlockReduction) {
   using testing_norms::Norm;
   for (auto [norm, barriers] : {std::pair{Norm::LayerNorm, 2}, std::pair{Norm::RmsNorm, 1}}) {
