@@ -183,11 +183,15 @@ def bench_cuda(args):
             ref = fp32_fn(*fp32_args)
             err = max_error(out if len(out) > 1 else out[0], ref)
             mf_ms = cuda_time_ms(lambda: fd.execute(inputs), args.iters)
+            gbs = nbytes / mf_ms / 1e6
+            if args.meshfuse_only:  # A/B runs of the kernel's tuning knobs (MESHFUSE_NORM_*)
+                rows_out.append((f"[{rows}, {cols}] {name}", mf_ms, gbs, gbs / copy_gbs, None, None,
+                                 f"{segments} segment(s), rel err {err:.1e}"))
+                continue
             eager_ms = cuda_time_ms(eager, args.iters)
             compiled = torch.compile(fp32_fn, dynamic=False)
             compiled(*fp32_args)
             tc_ms = cuda_time_ms(lambda: compiled(*fp32_args), args.iters)
-            gbs = nbytes / mf_ms / 1e6
             rows_out.append((f"[{rows}, {cols}] {name}", mf_ms, gbs, gbs / copy_gbs, eager_ms / mf_ms, tc_ms / mf_ms,
                              f"eager {eager_ms:.3f} ms, compile {tc_ms:.3f} ms, {segments} segment(s), rel err {err:.1e}"))
     print()
@@ -203,6 +207,8 @@ def main(argv=None):
     parser.add_argument("--device", choices=("cuda",), default="cuda")
     parser.add_argument("--shapes", default="8192x12288,32768x4096", help="CUDA: rows x cols, comma separated")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--meshfuse-only", action="store_true",
+                        help="time meshfuse and the copy only (no torch peers): for A/B runs of MESHFUSE_NORM_* knobs")
     bench_cuda(parser.parse_args(argv))
 
 

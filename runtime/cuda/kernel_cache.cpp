@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -45,6 +46,20 @@ std::string cudaIncludeDir() {
   return dir;
 }
 
+namespace {
+// MESHFUSE_DUMP_KERNELS=<dir> writes each generated source and its cubin there (<n>-<name>.cu and
+// .cubin), so that `cuobjdump --dump-resource-usage` or `nvdisasm` can show what NVRTC made of a
+// kernel (registers, spills, the SASS of the hot loop) without a GPU.
+void dumpKernel(const std::string& source, const std::string& cubin, const std::string& name, int64_t ordinal) {
+  static const char* dir = std::getenv("MESHFUSE_DUMP_KERNELS");
+  if (dir == nullptr || *dir == '\0') return;
+  std::filesystem::create_directories(dir);
+  const std::string stem = std::string(dir) + "/" + std::to_string(ordinal) + "-" + name;
+  std::ofstream(stem + ".cu") << source;
+  std::ofstream(stem + ".cubin", std::ios::binary) << cubin;
+}
+}  // namespace
+
 std::string compileToCubin(const std::string& source, const std::string& program_name, const std::string& arch) {
   nvrtcProgram prog;
   MESHFUSE_NVRTC_CHECK(nvrtcCreateProgram(&prog, source.c_str(), (program_name + ".cu").c_str(), 0, nullptr, nullptr));
@@ -66,7 +81,8 @@ std::string compileToCubin(const std::string& source, const std::string& program
   std::string cubin(size, '\0');
   MESHFUSE_NVRTC_CHECK(nvrtcGetCUBIN(prog, cubin.data()));
   nvrtcDestroyProgram(&prog);
-  ++g_compilations;
+  const int64_t ordinal = g_compilations++;
+  dumpKernel(source, cubin, program_name, ordinal);
   return cubin;
 }
 

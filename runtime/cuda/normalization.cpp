@@ -233,13 +233,32 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
 }
 
 namespace {
-// MESHFUSE_NORM_PREFETCH=0 turns the next-row L2 prefetch off (for A/B runs of benchmarks/norms.py).
-NormalizationVariant withPrefetch(NormalizationVariant v) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("MESHFUSE_NORM_PREFETCH");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  v.prefetch = enabled;
+// Knobs for A/B runs of benchmarks/norms.py (read once): MESHFUSE_NORM_PREFETCH=0 turns the next-row
+// L2 prefetch off and MESHFUSE_NORM_FENCE=0 the optimization fence; MESHFUSE_NORM_RECOMPUTE=1 sets
+// NormalizationVariant::recompute, MESHFUSE_NORM_MIN_BLOCKS ::min_blocks, MESHFUSE_NORM_BUDGET and
+// MESHFUSE_NORM_ITEMS the register budget and the items per thread aimed at. The H200 measurements
+// behind the defaults are in BENCHMARKS.md (CUDA normalization, session 9).
+int envInt(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e != nullptr && *e != '\0' ? std::atoi(e) : fallback;
+}
+struct Tuning {
+  bool prefetch = envInt("MESHFUSE_NORM_PREFETCH", 1) != 0;
+  bool recompute = envInt("MESHFUSE_NORM_RECOMPUTE", 0) != 0;
+  int min_blocks = envInt("MESHFUSE_NORM_MIN_BLOCKS", 0);
+  bool fence = envInt("MESHFUSE_NORM_FENCE", 1) != 0;
+  int budget = envInt("MESHFUSE_NORM_BUDGET", kRegisterBudget);
+  int items = envInt("MESHFUSE_NORM_ITEMS", kItemsTarget);
+};
+const Tuning& tuning() {
+  static const Tuning t;
+  return t;
+}
+// The chosen persistent variant with what follows from it: the prefetch, and whether its chunks
+// cover a row of `n` exactly.
+NormalizationVariant persistentVariant(NormalizationVariant v, int64_t n) {
+  v.prefetch = tuning().prefetch;
+  v.exact = int64_t{v.threads_x} * v.items * v.vec == n;
   return v;
 }
 }  // namespace
@@ -282,10 +301,15 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
   };
   while (v.vec > 1 && !aligned(v.vec)) v.vec /= 2;
 
+  const Tuning& tune = tuning();
+  v.recompute = tune.recompute;
+  v.min_blocks = tune.min_blocks;
+  v.fence = tune.fence;
   int held = p.numOuterReductions(), inputs = 0;
   for (const auto& port : p.loads) inputs += port.varies == Varies::PerElement ? 1 : 0;
-  for (const auto& st : p.steps)  // possibly kept in registers across passes (an upper bound)
-    held += st.varies == Varies::PerElement && isExpensiveNormalizationOp(st.op) ? 1 : 0;
+  if (!v.recompute)
+    for (const auto& st : p.steps)  // possibly kept in registers across passes (an upper bound)
+      held += st.varies == Varies::PerElement && isExpensiveNormalizationOp(st.op) ? 1 : 0;
   const int words_per_value = p.compute == DataType::Double ? 2 : 1;
   const int64_t packs = (n + v.vec - 1) / v.vec;
   // The launch shape holding `arrays` row arrays per thread, if their values fit the registers a
@@ -293,11 +317,11 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
   // arithmetic and addressing): wide blocks have fewer (64 at 1024 threads), where a shape that
   // ignored it spilled.
   auto fit = [&](int arrays, NormalizationVariant& out) {
-    const int budget = kRegisterBudget / words_per_value;
+    const int budget = tune.budget / words_per_value;
     const int per_array = std::max(v.vec, std::min(kMaxValuesPerArray, budget / std::max(1, arrays)) / v.vec * v.vec);
     const int items_max = per_array / v.vec;
     if (packs > int64_t{1024} * items_max) return false;
-    int tx = ceilDiv(packs, std::min(items_max, kItemsTarget));
+    int tx = ceilDiv(packs, std::max(1, std::min(items_max, tune.items)));
     if (tx <= 32) {
       int pow2 = 1;
       while (pow2 < tx) pow2 *= 2;
@@ -309,19 +333,20 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
     out.items = ceilDiv(packs, tx);
     out.threads_y = tx < 128 ? std::max(1, 128 / tx) : 1;
     if ((out.threads_x * out.threads_y) % 32 != 0) out.threads_y = 32 / std::min(32, out.threads_x);
-    const int cap = std::min(kRegisterBudget, 65536 / (out.threads_x * out.threads_y) - 32);
+    const int cap = std::min(tune.budget, 65536 / (out.threads_x * out.threads_y) - 32);
     return arrays * out.items * v.vec * words_per_value <= cap;
   };
-  if (fit(held + inputs, v)) return withPrefetch(v);
+  if (fit(held + inputs, v)) return persistentVariant(v, n);
   // Too many inputs to hold the row of each: stream them (re-read per pass from L1/L2) and keep
   // only the accumulators in registers, rather than the multi-pass variant, whose outer
   // reductions go through the workspace element by element for every row.
   if (inputs > 0) {
     NormalizationVariant s = v;
     s.stream = true;
-    if (fit(held, s)) return withPrefetch(s);
+    if (fit(held, s)) return persistentVariant(s, n);
   }
   v.items = 0;  // multi-pass: the row does not fit the registers of one block
+  v.recompute = v.fence = false;
   v.threads_x = kMultiPassThreads;
   v.threads_y = 1;
   return v;

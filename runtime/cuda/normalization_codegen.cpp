@@ -58,7 +58,7 @@ std::string rounded(const std::string& x, DataType dtype, DataType compute) {
 
 // A step's value from its operands (named a, b, c, all of type T). The element functions are the
 // CPU executor's (runtime/cpu/pointwise_math.h): comparisons give 0 or 1, max/min propagate NaN.
-std::string stepExpression(const Program::Step& s, DataType compute) {
+std::string stepExpression(const Program::Step& s, DataType compute, bool apply_round = true) {
   std::string e;
   switch (s.op) {
     case OpType::Lt: e = "static_cast<T>(a < b)"; break;
@@ -89,7 +89,7 @@ std::string stepExpression(const Program::Step& s, DataType compute) {
       break;
     default: e = opExpression(s.op, compute);
   }
-  return s.round ? rounded(e, s.round_to, compute) : e;
+  return s.round && apply_round ? rounded(e, s.round_to, compute) : e;
 }
 
 bool isMax(OpType op) { return op == OpType::ReduceMax; }
@@ -138,7 +138,9 @@ class Emitter {
     s_ << "__device__ __forceinline__ T warpMax(T v) {\n#pragma unroll\n  for (int o = " << width / 2
        << "; o > 0; o >>= 1) v = maxNaN(v, __shfl_xor_sync(0xffffffffu, v, o));\n  return v;\n}\n";
 
-    s_ << "extern \"C\" __global__ void __launch_bounds__(" << tx * ty << ") " << name << "(const Params p) {\n";
+    s_ << "extern \"C\" __global__ void __launch_bounds__(" << tx * ty;
+    if (v.min_blocks > 0) s_ << ", " << v.min_blocks;
+    s_ << ") " << name << "(const Params p) {\n";
     s_ << "  const int tx = threadIdx.x, ty = threadIdx.y;\n  const i64 n = p.n, rows = p.rows;\n"
        << "  (void)tx;\n  (void)n;\n";
     int max_per_level = 1;
@@ -173,8 +175,10 @@ class Emitter {
 
     s_ << "  for (i64 group = blockIdx.x; group * TY < rows; group += gridDim.x) {\n";
     const std::string in = "    ";
-    s_ << in << "const i64 row = group * TY + ty;\n"
-       << in << "const bool row_ok = row < rows;\n"
+    s_ << in
+       << "const i64 row = group * TY + ty;\n"
+       // One row per block: the loop's condition already keeps the row in range.
+       << in << "const bool row_ok = " << (ty == 1 ? "true" : "row < rows") << ";\n"
        << in << "const i64 safe_row = row_ok ? row : 0;\n"
        << in << "(void)safe_row;\n";
     for (size_t l = 0; l < p_.loads.size(); ++l) {
@@ -246,8 +250,8 @@ class Emitter {
       forEachChunk("  ", true, "true", [&](const std::string& ind) {
         s_ << ind << "#pragma unroll\n" << ind << "for (int k = 0; k < VEC; ++k)\n" << ind << "  if (j0 + k < n) {\n";
         for (int q = 0; q < outer; ++q)
-          s_ << ind << "    static_cast<T*>(p.ws)[(" << q << " * parts + slot) * n + j0 + k] = O" << q
-             << "[it * VEC + k];\n";
+          s_ << ind << "    static_cast<T*>(p.ws)[(" << q << " * parts + slot) * n + j0 + k] = " << outerRef(q)
+             << ";\n";
         s_ << ind << "  }\n";
       });
     }
@@ -381,6 +385,8 @@ class Emitter {
     return q;
   }
   int storePort(int o) const { return numLoadSlots(p_) + o; }
+  // Outer accumulator q's value for element (it, k) of this thread's row part (persistent variant).
+  static std::string outerRef(int q) { return "O" + std::to_string(q) + "[it * VEC + k]"; }
 
   // The pass in which each value can first be computed: inner reductions of level L reduce values
   // that need only row values of levels below L.
@@ -533,7 +539,10 @@ class Emitter {
          << in << "  const i64 j0 = (static_cast<i64>(it) * TX + tx) * VEC;\n";
     else
       s_ << in << "for (i64 j0 = static_cast<i64>(tx) * VEC; j0 < n; j0 += TX * VEC) {\n";
-    s_ << in << "  const bool chunk_ok = (" << row_ok << ") && j0 < n;\n" << in << "  (void)chunk_ok;\n";
+    // The multi-pass loop and a row the threads' chunks cover exactly need no column check.
+    const bool in_range = !persistent || (v_ && v_->exact);
+    s_ << in << "  const bool chunk_ok = (" << row_ok << ")" << (in_range ? "" : " && j0 < n") << ";\n"
+       << in << "  (void)chunk_ok;\n";
     body(in + "  ");
     s_ << in << "}\n";
   }
@@ -568,10 +577,38 @@ class Emitter {
     const auto& st = p_.steps[t];
     const std::string name = cached_.count(t) ? "E" + std::to_string(t) + "[it * VEC + k]" : "e" + std::to_string(t);
     if (!cached_.count(t)) s_ << in << "T " << name << ";\n";
+    const bool keep_exact = storesRoundedStep(t) && !cached_.count(t) && !reciprocals_.count(t);
+    if (keep_exact) s_ << in << "T " << name << "_exact;\n";
     s_ << in << "{\n";
     operands(in + "  ", st, persistent);
+    if (keep_exact) {
+      s_ << in << "  " << name << "_exact = " << stepExpression(st, p_.compute, false) << ";\n"
+         << in << "  " << name << " = " << rounded(name + "_exact", st.round_to, p_.compute) << ";\n"
+         << in << "}\n";
+      return;
+    }
     const std::string value = reciprocals_.count(t) ? "a * inv" + std::to_string(t) : stepExpression(st, p_.compute);
     s_ << in << "  " << name << " = " << value << ";\n" << in << "}\n";
+  }
+
+  // Whether an element output stores step t's value, rounded by t to the output's dtype (a cast
+  // back to bf16 at the end of a fusion): the store then converts t's value before rounding, since
+  // rounding twice to one dtype is rounding once, and saves the round trip through the dtype.
+  bool storesRoundedStep(int t) const {
+    const auto& st = p_.steps[t];
+    // In Double the store's conversion goes through float: not the same single rounding.
+    if (!st.round || st.after || !isElement(st.varies) || p_.compute != DataType::Float) return false;
+    for (const auto& o : p_.stores)
+      if (!o.after && o.has_columns && o.value.kind == Kind::Temp && o.value.index == t && o.dtype == st.round_to)
+        return true;
+    return false;
+  }
+  // The value an element output stores, in T (before its conversion to the output's dtype).
+  std::string storedValue(const Program::Port& st, bool persistent) const {
+    if (st.value.kind == Kind::Temp && st.dtype == p_.steps[st.value.index].round_to &&
+        storesRoundedStep(st.value.index) && !cached_.count(st.value.index) && !reciprocals_.count(st.value.index))
+      return "e" + std::to_string(st.value.index) + "_exact";
+    return ref(st.value, persistent);
   }
 
   // An element quotient whose divisor is one value per row (softmax's e / sum): the row's
@@ -600,6 +637,7 @@ class Emitter {
     std::set<int> steps, loads(extra_loads.begin(), extra_loads.end());
     for (const auto& o : targets) collect(o, steps, loads, false);
     defineReciprocals(in, steps);
+    if (persistent && v_ && v_->fence && passes_++ > 0) fenceRegisters(in, loads);
     forEachChunk(in, persistent, "row_ok", [&](const std::string& ind) {
       for (int l : loads)
         if (!inRegisters(l, persistent))
@@ -607,8 +645,10 @@ class Emitter {
       beforeElements_(ind);
       s_ << ind << "#pragma unroll\n" << ind << "for (int k = 0; k < VEC; ++k) {\n";
       const std::string body = ind + "  ";
-      s_ << body << "const i64 j = j0 + k;\n"
-         << body << "const bool ok = row_ok && j < n;\n"
+      s_ << body
+         << "const i64 j = j0 + k;\n"
+         // Vector chunks lie wholly inside or outside the row (n % VEC == 0): one check per chunk.
+         << body << "const bool ok = " << (v_ && v_->vec > 1 ? "chunk_ok" : "row_ok && j < n") << ";\n"
          << body << "(void)j;\n"
          << body << "(void)ok;\n";
       for (int l : loads)
@@ -625,6 +665,17 @@ class Emitter {
     });
     beforeElements_ = [](const std::string&) {};
     afterElements_ = [](const std::string&) {};
+  }
+
+  // An empty asm that "modifies" each register-held input before a later pass: the compiler cannot
+  // reuse values it computed from them in an earlier pass (LayerNorm backward's dy * w and x_hat),
+  // so it recomputes them instead of keeping whole arrays of them alive across the barrier.
+  void fenceRegisters(const std::string& in, const std::set<int>& loads) {
+    const char* constraint = p_.compute == DataType::Double ? "+d" : "+f";
+    for (int l : loads)
+      if (inRegisters(l, true))
+        s_ << in << "#pragma unroll\n"
+           << in << "for (int e = 0; e < EPT; ++e) asm volatile(\"\" : \"" << constraint << "\"(X" << l << "[e]));\n";
   }
 
   // Stores of element values, outer accumulation; then the per-row stores.
@@ -663,7 +714,7 @@ class Emitter {
       elementPass(in, persistent, targets, [&](const std::string& body) {
         for (int o : element_stores) {
           const auto& st = p_.stores[o];
-          const std::string value = storeConvert(ref(st.value, persistent), p_.compute, st.dtype);
+          const std::string value = storeConvert(storedValue(st, persistent), p_.compute, st.dtype);
           if (vectorized(st)) {
             s_ << body << "sp" << o << ".v[k] = " << value << ";\n";
             continue;
@@ -676,8 +727,8 @@ class Emitter {
           const auto& st = p_.steps[outer[q]];
           const std::string v = ref(st.args[0], persistent);
           if (persistent)
-            s_ << body << "if (ok) O" << q
-               << "[it * VEC + k] = " << combine(st.op, "O" + std::to_string(q) + "[it * VEC + k]", v) << ";\n";
+            s_ << body << "if (ok) " << outerRef(static_cast<int>(q)) << " = "
+               << combine(st.op, outerRef(static_cast<int>(q)), v) << ";\n";
           else
             s_ << body << "if (ok) {\n"
                << body << "  T& w = static_cast<T*>(p.ws)[(" << q << " * parts + slot) * n + j];\n"
@@ -697,6 +748,7 @@ class Emitter {
   // kept in registers (E<t>) from the first pass that computes them, instead of recomputed:
   // softmax's exp(x - max) feeds both the sum and the output.
   void chooseCached() {
+    if (v_ && v_->recompute) return;
     std::map<int, int> passes;  // step -> number of passes that need it
     auto count = [&](const std::vector<Program::Operand>& targets) {
       std::set<int> steps, loads;
@@ -721,6 +773,7 @@ class Emitter {
   const Program& p_;
   const NormalizationVariant* v_;
   std::set<int> cached_, computed_, reciprocals_;
+  int passes_ = 0;  // element passes emitted so far (the fence starts with the second)
   std::ostringstream s_;
   std::vector<int> level_;
   int levels_ = 0;
@@ -776,7 +829,8 @@ std::string NormalizationProgram::key() const {
 
 std::string NormalizationVariant::key() const {
   return "v" + std::to_string(vec) + "x" + std::to_string(threads_x) + "y" + std::to_string(threads_y) + "i" +
-         std::to_string(items) + (stream ? "s" : "") + (prefetch ? "p" : "");
+         std::to_string(items) + (stream ? "s" : "") + (prefetch ? "p" : "") + (recompute ? "r" : "") +
+         (fence ? "f" : "") + (min_blocks > 0 ? "m" + std::to_string(min_blocks) : "");
 }
 
 size_t normalizationParamWords(const NormalizationProgram& p) {

@@ -87,6 +87,18 @@ struct NormalizationVariant {
   // the H200 ([8192, 12288] bf16): LayerNorm 0.143 -> 0.131 ms, softmax 0.168 -> 0.148, the
   // LayerNorm backward 0.304 -> 0.232.
   bool prefetch = false;
+  // Persistent only: expensive element values (exp) needed by two passes are recomputed in the
+  // second instead of held in registers between them.
+  bool recompute = false;
+  // Persistent only: register-held inputs pass an optimization fence before each later pass, so the
+  // compiler recomputes what it derived from them rather than holding those values across passes.
+  bool fence = false;
+  // Persistent only: the threads' chunks cover the row exactly (threads_x * items * vec == row
+  // length), so no chunk needs a bounds check.
+  bool exact = false;
+  // The blocks per multiprocessor the kernel is compiled for (__launch_bounds__'s second argument,
+  // which caps the registers a thread may use); 0 leaves it to the compiler.
+  int min_blocks = 0;
   std::string key() const;
 };
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <regex>
 #include <vector>
 
 #include "norm_fusions.h"
@@ -450,6 +451,53 @@ TEST(NormalizationCodegen, PersistentKernelsPrefetchTheNextRowGroup) {
     v.prefetch = false;
     EXPECT_EQ(cuda::generateNormalizationSource(launch->program, v, "k").find("prefetch"), std::string::npos);
   }
+}
+
+// Every tuning of the persistent variant compiles for every norm: expensive values recomputed, the
+// optimization fence off and on, a minimum of blocks per multiprocessor. A row the chunks cover
+// exactly has no bounds check; vector chunks check once per chunk, not per element.
+TEST(NormalizationCodegen, EveryTuningCompiles) {
+  using testing_norms::Norm;
+  for (Norm norm : testing_norms::kAllNorms) {
+    for (DataType dt : {DataType::BFloat16, DataType::Float}) {
+      for (int64_t row : {int64_t{7}, int64_t{4000}, int64_t{12288}}) {
+        SCOPED_TRACE(testing_norms::toString(norm) + " " + toString(dt) + " row " + std::to_string(row));
+        NormSegment ns(norm, dt, 5, row);
+        auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+        ASSERT_TRUE(launch.has_value());
+        const cuda::NormalizationVariant base = cuda::chooseNormalizationVariant(*launch);
+        ASSERT_GT(base.items, 0) << base.key();
+        EXPECT_EQ(base.exact, base.threads_x * base.items * base.vec == row) << base.key();
+        for (int tuning = 0; tuning < 3; ++tuning) {
+          cuda::NormalizationVariant v = base;
+          v.recompute = tuning == 0;
+          v.fence = tuning != 1;
+          v.min_blocks = tuning == 2 ? 2 : 0;
+          const std::string src = cuda::generateNormalizationSource(launch->program, v, "norm_kernel");
+          EXPECT_EQ(src.find("&& j0 < n;") == std::string::npos, v.exact) << v.key();
+          EXPECT_EQ(src.find("const bool ok = row_ok && j < n;") == std::string::npos, v.vec > 1) << v.key();
+          if (norm == Norm::Softmax && dt != DataType::Float && row == 12288)
+            EXPECT_EQ(std::regex_search(src, std::regex(R"(T E[0-9]+\[EPT\])")), !v.recompute)
+                << "exp is held in registers between passes unless recomputed";
+          ASSERT_NO_THROW(compile(src)) << src;
+        }
+      }
+    }
+  }
+}
+
+// The cast back to bf16 at the end of a norm is one conversion at the store, not a round trip
+// through bf16 and a second conversion; LayerNorm's second and third passes start behind the
+// optimization fence (NormalizationVariant::fence) on its register-held input.
+TEST(NormalizationCodegen, StoreConvertsOnceAndLaterPassesAreFenced) {
+  NormSegment ns(testing_norms::Norm::LayerNorm, DataType::BFloat16, 16, 12288);
+  auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+  ASSERT_TRUE(launch.has_value());
+  const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
+  ASSERT_TRUE(v.fence && v.exact) << v.key();
+  const std::string src = cuda::generateNormalizationSource(launch->program, v, "k");
+  EXPECT_TRUE(std::regex_search(src, std::regex(R"(\.v\[k\] = __float2bfloat16_rn\(e[0-9]+_exact\))"))) << src;
+  EXPECT_EQ(occurrences(src, "asm volatile(\"\" : \"+f\"(X0[e]))"), 2) << src;
 }
 
 // A backward-like segment reading more inputs than registers hold (six rows plus two outer
