@@ -130,6 +130,23 @@ void launchKernel(KernelFunction kernel, unsigned grid, unsigned block, Stream s
                                        args, dynamic_shared_bytes, stream));
 }
 
+void launchClusterKernel(KernelFunction kernel, unsigned grid, unsigned block, unsigned block_y, unsigned cluster,
+                         Stream stream, void* params) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block, block_y);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  void* args[] = {params};
+  MESHFUSE_CUDA_CHECK(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), args));
+}
+
 int64_t kernelCompilations() { return g_compilations.load(); }
 
 }  // namespace meshfuse::cuda

@@ -32,6 +32,11 @@ KernelFunction cachedKernel(int device, const std::string& key, const std::funct
 void launchKernel(KernelFunction kernel, unsigned grid, unsigned block, Stream stream, void* params,
                   unsigned dynamic_shared_bytes = 0, unsigned grid_y = 1, unsigned block_y = 1);
 
+// Launches a grid of thread-block clusters of `cluster` blocks along x (sm_90; grid % cluster == 0),
+// with block_y rows of threads per block.
+void launchClusterKernel(KernelFunction kernel, unsigned grid, unsigned block, unsigned block_y, unsigned cluster,
+                         Stream stream, void* params);
+
 // NVRTC compilations so far (tests check that a repeated execution compiles nothing).
 int64_t kernelCompilations();
 

@@ -258,12 +258,17 @@ const Tuning& tuning() {
 // cover a row of `n` exactly.
 NormalizationVariant persistentVariant(NormalizationVariant v, int64_t n) {
   v.prefetch = tuning().prefetch;
-  v.exact = int64_t{v.threads_x} * v.items * v.vec == n;
+  v.exact = int64_t{v.cluster} * v.threads_x * v.items * v.vec == n;
   return v;
 }
 }  // namespace
 
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
+  // Read on every call (not with the other knobs) so that a test can turn clusters on and off.
+  return chooseNormalizationVariant(L, envInt("MESHFUSE_NORM_CLUSTER", 0) != 0);
+}
+
+NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bool allow_clusters) {
   const Program& p = L.program;
   const int64_t n = L.row_length;
   const int nl = static_cast<int>(p.loads.size());
@@ -316,12 +321,12 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
   // thread of that block may have (65536 per multiprocessor over the block, less ~32 for the
   // arithmetic and addressing): wide blocks have fewer (64 at 1024 threads), where a shape that
   // ignored it spilled.
-  auto fit = [&](int arrays, NormalizationVariant& out) {
+  auto fit = [&](int arrays, NormalizationVariant& out, int64_t row_packs) {
     const int budget = tune.budget / words_per_value;
     const int per_array = std::max(v.vec, std::min(kMaxValuesPerArray, budget / std::max(1, arrays)) / v.vec * v.vec);
     const int items_max = per_array / v.vec;
-    if (packs > int64_t{1024} * items_max) return false;
-    int tx = ceilDiv(packs, std::max(1, std::min(items_max, tune.items)));
+    if (row_packs > int64_t{1024} * items_max) return false;
+    int tx = ceilDiv(row_packs, std::max(1, std::min(items_max, tune.items)));
     if (tx <= 32) {
       int pow2 = 1;
       while (pow2 < tx) pow2 *= 2;
@@ -330,20 +335,33 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
       tx = std::min(1024, ceilDiv(tx, 32) * 32);
     }
     out.threads_x = tx;
-    out.items = ceilDiv(packs, tx);
+    out.items = ceilDiv(row_packs, tx);
     out.threads_y = tx < 128 ? std::max(1, 128 / tx) : 1;
     if ((out.threads_x * out.threads_y) % 32 != 0) out.threads_y = 32 / std::min(32, out.threads_x);
     const int cap = std::min(tune.budget, 65536 / (out.threads_x * out.threads_y) - 32);
     return arrays * out.items * v.vec * words_per_value <= cap;
   };
-  if (fit(held + inputs, v)) return persistentVariant(v, n);
+  if (fit(held + inputs, v, packs)) return persistentVariant(v, n);
+  // A row past one block's registers: split over a cluster of 2, 4 or 8 blocks (the portable
+  // cluster sizes), each holding an interleaved share, before streaming or multi-pass.
+  // Expensive values (softmax's exp) are recomputed there if holding them is what does not fit.
+  for (int cluster = 2; allow_clusters && cluster <= 8; cluster *= 2) {
+    for (bool recompute : {v.recompute, true}) {
+      NormalizationVariant c = v;
+      c.cluster = cluster;
+      c.recompute = recompute;
+      const int arrays = (recompute ? p.numOuterReductions() : held) + inputs;
+      if (fit(arrays, c, ceilDiv(packs, cluster)) && c.threads_y == 1 && c.threads_x > 32)
+        return persistentVariant(c, n);
+    }
+  }
   // Too many inputs to hold the row of each: stream them (re-read per pass from L1/L2) and keep
   // only the accumulators in registers, rather than the multi-pass variant, whose outer
   // reductions go through the workspace element by element for every row.
   if (inputs > 0) {
     NormalizationVariant s = v;
     s.stream = true;
-    if (fit(held, s)) return persistentVariant(s, n);
+    if (fit(held, s, packs)) return persistentVariant(s, n);
   }
   v.items = 0;  // multi-pass: the row does not fit the registers of one block
   v.recompute = v.fence = false;
@@ -400,8 +418,12 @@ void runNormalization(int device, const NormalizationLaunch& L) {
   const int outer = p.numOuterReductions();
   if (outer > 0) per_sm = std::min(per_sm, 2);
   const int64_t groups = (L.rows + v.threads_y - 1) / v.threads_y;
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{multiprocessorCount(device)} * per_sm));
-  const int64_t parts = grid * v.threads_y;
+  // Clusters: whole clusters of blocks, each taking row groups (a cluster that cannot be resident
+  // yet waits for one that finishes: clusters never wait on each other).
+  const int64_t cluster = std::max(1, v.cluster);
+  const int64_t resident = std::max<int64_t>(1, int64_t{multiprocessorCount(device)} * per_sm / cluster);
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(groups, resident)) * cluster;
+  const int64_t parts = grid / cluster * v.threads_y;
   const DataType wdt = p.compute;
   Tensor workspace;
   if (outer > 0) workspace = Tensor::empty({outer * parts * L.row_length}, wdt, Device::cuda(device));
@@ -430,8 +452,12 @@ void runNormalization(int device, const NormalizationLaunch& L) {
     throw std::logic_error("CUDA normalization: parameter block size mismatch");
 
   const Stream stream = currentStream(device);
-  launchKernel(c.main, static_cast<unsigned>(grid), static_cast<unsigned>(v.threads_x), stream, words.data(), 0, 1,
-               static_cast<unsigned>(v.threads_y));
+  if (cluster > 1)
+    launchClusterKernel(c.main, static_cast<unsigned>(grid), static_cast<unsigned>(v.threads_x),
+                        static_cast<unsigned>(v.threads_y), static_cast<unsigned>(cluster), stream, words.data());
+  else
+    launchKernel(c.main, static_cast<unsigned>(grid), static_cast<unsigned>(v.threads_x), stream, words.data(), 0, 1,
+                 static_cast<unsigned>(v.threads_y));
   if (outer == 0) return;
   const int64_t tiles = (L.row_length + kNormalizationEpilogueX - 1) / kNormalizationEpilogueX;
   const int64_t eblocks = std::max<int64_t>(1, std::min<int64_t>(tiles, int64_t{multiprocessorCount(device)} * 8));

@@ -39,6 +39,10 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
                                                         std::string* why = nullptr);
 
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch);
+// The same with thread-block clusters allowed or not for rows one block cannot hold (by default
+// they are not, unless MESHFUSE_NORM_CLUSTER=1: the cluster variant has not run on a GPU yet, and the
+// multi-pass variant takes those rows).
+NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch, bool allow_clusters);
 
 // Compiles (cached) and launches on `device`'s current stream; the tensors must live there.
 void runNormalization(int device, const NormalizationLaunch& launch);

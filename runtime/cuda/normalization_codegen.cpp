@@ -138,6 +138,9 @@ class Emitter {
     s_ << "__device__ __forceinline__ T warpMax(T v) {\n#pragma unroll\n  for (int o = " << width / 2
        << "; o > 0; o >>= 1) v = maxNaN(v, __shfl_xor_sync(0xffffffffu, v, o));\n  return v;\n}\n";
 
+    const int cl = clusterSize();
+    s_ << "#define CL " << cl << "\n";
+    if (cl > 1) clusterHelpers();
     s_ << "extern \"C\" __global__ void __launch_bounds__(" << tx * ty;
     if (v.min_blocks > 0) s_ << ", " << v.min_blocks;
     s_ << ") " << name << "(const Params p) {\n";
@@ -153,10 +156,16 @@ class Emitter {
       s_ << "  __shared__ T red[" << buffers << "][" << max_per_level << "][TY][" << warps << "];\n";
       if (levels_ == 1) s_ << "  int buf = 0;\n";
     }
+    // A row split over a cluster: each block's total goes to its cred slot, and every block adds the
+    // cluster's slots in rank order after a cluster barrier (buffers reused as `red`'s are).
+    if (cl > 1 && levels_ > 0) s_ << "  __shared__ T cred[" << buffers << "][" << max_per_level << "];\n";
+    s_ << "  const unsigned crank = " << (cl > 1 ? "clusterRank()" : "0u") << ";\n  (void)crank;\n";
     constants("  ");
     const int outer = p_.numOuterReductions();
     if (outer > 0)
-      s_ << "  const i64 slot = static_cast<i64>(blockIdx.x) * TY + ty, parts = static_cast<i64>(gridDim.x) * TY;\n";
+      s_ << "  const i64 slot = static_cast<i64>(blockIdx.x / CL) * TY + ty, parts = static_cast<i64>(gridDim.x / CL) "
+            "* "
+            "TY;\n";
     // The outer accumulators. Per-column inputs (weights) are read in each pass that needs them (from
     // L1/L2, where they stay): holding them in registers for all rows halved the occupancy.
     if (persistent) {
@@ -173,7 +182,7 @@ class Emitter {
       });
     }
 
-    s_ << "  for (i64 group = blockIdx.x; group * TY < rows; group += gridDim.x) {\n";
+    s_ << "  for (i64 group = blockIdx.x / CL; group * TY < rows; group += gridDim.x / CL) {\n";
     const std::string in = "    ";
     s_ << in
        << "const i64 row = group * TY + ty;\n"
@@ -234,6 +243,20 @@ class Emitter {
              << combine(p_.steps[t].op, "acc" + std::to_string(t), slot + "[w]") << ";\n";
         }
       }
+      if (cl > 1) {
+        const std::string b = levels_ == 1 ? "cred[buf]" : "cred[" + std::to_string(level - 1) + "]";
+        s_ << in << "if (tx == 0) {\n";
+        for (size_t q = 0; q < reds.size(); ++q) s_ << in << "  " << b << "[" << q << "] = acc" << reds[q] << ";\n";
+        s_ << in << "}\n" << in << "clusterSync();\n";
+        for (size_t q = 0; q < reds.size(); ++q) {
+          const int t = reds[q];
+          const std::string at = "&" + b + "[" + std::to_string(q) + "]";
+          s_ << in << "acc" << t << " = clusterLoad(" << at << ", 0);\n"
+             << in << "#pragma unroll\n"
+             << in << "for (unsigned c = 1; c < CL; ++c) acc" << t << " = "
+             << combine(p_.steps[t].op, "acc" + std::to_string(t), "clusterLoad(" + at + ", c)") << ";\n";
+        }
+      }
       for (int t : reds) {
         s_ << in << "const T r" << t << " = ";
         if (p_.steps[t].op == OpType::Mean)
@@ -246,6 +269,8 @@ class Emitter {
     finalPass(in, persistent);
     if (tx > 32 && levels_ == 1) s_ << in << "buf ^= 1;\n";
     s_ << "  }\n";
+    // No block leaves while another of its cluster may still read its shared memory.
+    if (cl > 1) s_ << "  clusterSync();\n";
     if (outer > 0 && persistent) {
       forEachChunk("  ", true, "true", [&](const std::string& ind) {
         s_ << ind << "#pragma unroll\n" << ind << "for (int k = 0; k < VEC; ++k)\n" << ind << "  if (j0 + k < n) {\n";
@@ -266,11 +291,11 @@ class Emitter {
     for (size_t l = 0; l < p_.loads.size(); ++l)
       if (p_.loads[l].varies == Varies::PerElement && vectorized(p_.loads[l])) ports.push_back(static_cast<int>(l));
     if (ports.empty()) return;
-    s_ << in << "if (const i64 next = (group + gridDim.x) * TY + ty; next < rows) {\n";
+    s_ << in << "if (const i64 next = (group + gridDim.x / CL) * TY + ty; next < rows) {\n";
     for (int l : ports) s_ << in << "  const i64 nl" << l << " = rowOffset(p, " << l << ", next);\n";
     s_ << in << "#pragma unroll\n"
        << in << "  for (int it = 0; it < ITEMS; ++it) {\n"
-       << in << "    const i64 j0 = (static_cast<i64>(it) * TX + tx) * VEC;\n"
+       << in << "    const i64 j0 = " << chunkStart() << ";\n"
        << in << "    if (j0 < n) {\n";
     for (int l : ports)
       s_ << in << "      asm volatile(\"prefetch.global.L2 [%0];\" ::\"l\"(static_cast<const "
@@ -385,6 +410,26 @@ class Emitter {
     return q;
   }
   int storePort(int o) const { return numLoadSlots(p_) + o; }
+  int clusterSize() const { return v_ && v_->items > 0 ? std::max(1, v_->cluster) : 1; }
+  // The first column of chunk `it` of this thread (persistent variant): the cluster's blocks take
+  // interleaved runs of TX chunks, so each warp's loads stay contiguous.
+  static std::string chunkStart() { return "(static_cast<i64>(it) * TX * CL + crank * TX + tx) * VEC"; }
+  // Cluster rank, barrier and a read of another block's shared memory, in PTX (sm_90: no
+  // cooperative_groups header needed under NVRTC).
+  void clusterHelpers() {
+    const bool wide = p_.compute == DataType::Double;
+    s_ << "__device__ __forceinline__ unsigned clusterRank() {\n  unsigned r;\n"
+          "  asm volatile(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(r));\n  return r;\n}\n"
+          "__device__ __forceinline__ void clusterSync() {\n"
+          "  asm volatile(\"barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;\" ::: "
+          "\"memory\");\n}\n"
+          "__device__ __forceinline__ T clusterLoad(const T* at, unsigned rank) {\n"
+          "  unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(at)), remote;\n"
+          "  asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\" : \"=r\"(remote) : \"r\"(local), \"r\"(rank));\n"
+          "  T v;\n  asm volatile(\"ld.shared::cluster."
+       << (wide ? "f64 %0, [%1];\" : \"=d\"" : "f32 %0, [%1];\" : \"=f\"")
+       << "(v) : \"r\"(remote) : \"memory\");\n  return v;\n}\n";
+  }
   // Outer accumulator q's value for element (it, k) of this thread's row part (persistent variant).
   static std::string outerRef(int q) { return "O" + std::to_string(q) + "[it * VEC + k]"; }
 
@@ -536,7 +581,7 @@ class Emitter {
     if (persistent)
       s_ << in << "#pragma unroll\n"
          << in << "for (int it = 0; it < ITEMS; ++it) {\n"
-         << in << "  const i64 j0 = (static_cast<i64>(it) * TX + tx) * VEC;\n";
+         << in << "  const i64 j0 = " << chunkStart() << ";\n";
     else
       s_ << in << "for (i64 j0 = static_cast<i64>(tx) * VEC; j0 < n; j0 += TX * VEC) {\n";
     // The multi-pass loop and a row the threads' chunks cover exactly need no column check.
@@ -739,8 +784,9 @@ class Emitter {
     }
     for (int o : row_stores) {
       const auto& st = p_.stores[o];
-      s_ << in << "if (tx == 0 && " << condition(o) << ") static_cast<" << storageType(st.dtype) << "*>(p.out[" << o
-         << "])[rs" << o << "] = " << storeConvert(ref(st.value, false), p_.compute, st.dtype) << ";\n";
+      s_ << in << "if (tx == 0 && crank == 0 && " << condition(o) << ") static_cast<" << storageType(st.dtype)
+         << "*>(p.out[" << o << "])[rs" << o << "] = " << storeConvert(ref(st.value, false), p_.compute, st.dtype)
+         << ";\n";
     }
   }
 

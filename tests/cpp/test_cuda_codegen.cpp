@@ -500,6 +500,35 @@ TEST(NormalizationCodegen, StoreConvertsOnceAndLaterPassesAreFenced) {
   EXPECT_EQ(occurrences(src, "asm volatile(\"\" : \"+f\"(X0[e]))"), 2) << src;
 }
 
+// Rows past one block's registers split over a cluster of blocks when clusters are allowed (one
+// kernel holding the row in registers, its reductions through distributed shared memory); else
+// the multi-pass variant takes them, as before.
+TEST(NormalizationCodegen, LongRowsSplitOverAClusterCompile) {
+  using testing_norms::Norm;
+  for (Norm norm : testing_norms::kAllNorms) {
+    for (DataType dt : {DataType::BFloat16, DataType::Float, DataType::Double}) {
+      for (int64_t row : {int64_t{262144}, int64_t{100000}}) {
+        SCOPED_TRACE(testing_norms::toString(norm) + " " + toString(dt) + " row " + std::to_string(row));
+        NormSegment ns(norm, dt, 3, row);
+        auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+        ASSERT_TRUE(launch.has_value());
+        EXPECT_EQ(cuda::chooseNormalizationVariant(*launch, false).cluster, 1);
+        const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch, true);
+        if (norm != Norm::LayerNormBackward && dt != DataType::Double) {
+          EXPECT_GT(v.cluster, 1) << v.key();
+          EXPECT_GT(v.items, 0) << v.key();
+          EXPECT_GE(int64_t{v.cluster} * v.threads_x * v.items * v.vec, row) << v.key();
+          EXPECT_EQ(v.exact, int64_t{v.cluster} * v.threads_x * v.items * v.vec == row) << v.key();
+        }
+        const std::string src = cuda::generateNormalizationSource(launch->program, v, "k");
+        EXPECT_EQ(src.find("barrier.cluster.arrive") != std::string::npos, v.cluster > 1) << v.key();
+        EXPECT_EQ(src.find("mapa.shared::cluster") != std::string::npos, v.cluster > 1) << v.key();
+        ASSERT_NO_THROW(compile(src)) << src;
+      }
+    }
+  }
+}
+
 // A backward-like segment reading more inputs than registers hold (six rows plus two outer
 // accumulators): the persistent variant streams the inputs rather than falling to multi-pass.
 TEST(NormalizationCodegen, ManyInputsStreamInsteadOfMultiPass) {

@@ -5,6 +5,7 @@
 
 #if MESHFUSE_HAVE_CUDA
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <random>
@@ -414,6 +415,20 @@ TEST(CudaExecutorNormalization, ManyRowsAndTheStreamingVariant) {
   for (testing_norms::Norm norm : testing_norms::kAllNorms) {
     for (const auto& [dt, rows, row] : shapes) checkNorm(norm, dt, rows, row, rng);
   }
+}
+
+// Rows longer than one block holds, split over a thread-block cluster (MESHFUSE_NORM_CLUSTER=1,
+// off by default until this test has passed on the GPU): few long rows (fewer than the
+// multiprocessors), a row the cluster covers exactly and one it does not, every norm and dtype.
+TEST(CudaExecutorNormalization, LongRowsSplitOverAClusterMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  ::setenv("MESHFUSE_NORM_CLUSTER", "1", 1);
+  std::mt19937 rng(36);
+  for (testing_norms::Norm norm : testing_norms::kAllNorms)
+    for (DataType dt : {DataType::Float, DataType::BFloat16})
+      for (const auto& [rows, row] : std::vector<std::pair<int64_t, int64_t>>{{3, 262144}, {5, 100000}, {40, 65536}})
+        checkNorm(norm, dt, rows, row, rng);
+  ::unsetenv("MESHFUSE_NORM_CLUSTER");
 }
 
 // A bias gradient as the bf16 transformer's backward lowers it: cast to fp32, sum over the rows,
