@@ -277,11 +277,13 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     pack[built->tensors.at(name)] = keep.back().data();
   };
   const bool dropout = p.dropout_p > 0;
-  // The mask carries the keep scale (dropout_mask.h says why), so both scales cuDNN takes are 1.
-  float dropout_scale = 1.0F;
-  float dropout_scale_inv = 1.0F;
+  // The mask carries the keep scale (dropout_mask.h says why), so both scales cuDNN takes are 1,
+  // or the correction of a narrow mask's rounded scale.
+  const DataType mask_dtype = dropout ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
+  float dropout_scale = dropout ? dropoutScaleCorrection(p.dropout_p, mask_dtype) : 1.0F;
+  float dropout_scale_inv = 1.0F / dropout_scale;
   if (dropout) {
-    bind("mask", dropoutMask(device, p, dropoutMaskDataType(p.dropout_p, dtype), seed_at, offset_at));
+    bind("mask", dropoutMask(device, p, mask_dtype, seed_at, offset_at));
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
     if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
   }

@@ -2,6 +2,8 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "runtime/cuda/kernel_cache.h"
 #include "runtime/cuda/pointwise_codegen.h"
@@ -109,12 +111,30 @@ uint32_t keptBits(DataType dtype, float value) {
 
 std::string dropoutMaskSource() { return kernelPrelude() + philoxSource() + kKernel; }
 
-DataType dropoutMaskDataType(double dropout_p, DataType io) {
+namespace {
+// The keep scale as a mask of `dtype` holds it.
+float heldScale(double dropout_p, DataType dtype) {
   const float scale = keepScale(dropout_p);
-  const uint32_t bits = keptBits(io, scale);
-  const float held =
-      io == DataType::BFloat16 ? bf16ToFloat(static_cast<uint16_t>(bits)) : halfToFloat(static_cast<uint16_t>(bits));
-  return held == scale ? io : DataType::Float;
+  if (dtype == DataType::Float) return scale;
+  const auto bits = static_cast<uint16_t>(keptBits(dtype, scale));
+  return dtype == DataType::BFloat16 ? bf16ToFloat(bits) : halfToFloat(bits);
+}
+}  // namespace
+
+DataType dropoutMaskDataType(double dropout_p, DataType io) {
+  static const bool narrow = [] {
+    const char* e = std::getenv("MESHFUSE_ATTENTION_NARROW_MASK");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return dropoutMaskDataType(dropout_p, io, narrow);
+}
+
+DataType dropoutMaskDataType(double dropout_p, DataType io, bool narrow) {
+  return narrow || heldScale(dropout_p, io) == keepScale(dropout_p) ? io : DataType::Float;
+}
+
+float dropoutScaleCorrection(double dropout_p, DataType mask_dtype) {
+  return keepScale(dropout_p) / heldScale(dropout_p, mask_dtype);
 }
 
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at, const void* offset_at) {

@@ -27,6 +27,14 @@ std::string dropoutMaskSource();
 // 1 / (1 - p) exactly (p = 0.5, 0.75, 0.2, ...), else Float, so that a kept element is scaled by
 // exactly the float the CPU kernel uses (dropoutKeepScale; bf16 would round 1 / 0.9 by 0.16%).
 DataType dropoutMaskDataType(double dropout_p, DataType io);
+// With `narrow`, `io` always (half the bytes of a Float mask for the mask kernel to write and cuDNN
+// to read): the mask then holds the keep scale rounded to `io`, and dropoutScaleCorrection is the
+// factor cuDNN's dropout scale input multiplies back (keep scale / its rounding), so kept elements
+// are scaled by the keep scale to float rounding. cuDNN's backward also multiplies its D term by
+// that input (see above), off by the correction: 0.16% for bf16 at p = 0.1. The default takes
+// MESHFUSE_ATTENTION_NARROW_MASK=1 (off: not yet run on a GPU).
+DataType dropoutMaskDataType(double dropout_p, DataType io, bool narrow);
+float dropoutScaleCorrection(double dropout_p, DataType mask_dtype);
 
 // A [batch, heads, seq_q, seq_kv] tensor of `dtype` (Half, BFloat16 or Float) on `device`: 0 where
 // an element is dropped, the keep scale 1 / (1 - p) (rounded to `dtype`) where it is kept.

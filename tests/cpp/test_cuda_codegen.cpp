@@ -17,6 +17,7 @@
 #include "runtime/cuda/pointwise_codegen.h"
 #include "runtime/cuda/reduction.h"
 #include "runtime/cuda/strided_copy.h"
+#include "runtime/half.h"
 
 namespace meshfuse {
 namespace {
@@ -633,6 +634,25 @@ TEST(DropoutMaskCodegen, MaskDtypeHoldsTheKeepScaleExactly) {
   EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16), DataType::Float);     // 1.111...
   EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::Half), DataType::Float);
   EXPECT_EQ(cuda::dropoutMaskDataType(0.25, DataType::BFloat16), DataType::Float);  // 1.333...
+}
+
+// A narrow mask holds the keep scale rounded to the attention's dtype; cuDNN's dropout scale input
+// then carries the correction, so their product is the keep scale to float rounding.
+TEST(DropoutMaskCodegen, NarrowMaskCarriesTheScaleCorrection) {
+  for (DataType io : {DataType::BFloat16, DataType::Half}) {
+    for (double p : {0.1, 0.2, 0.25, 0.5}) {
+      const DataType dtype = cuda::dropoutMaskDataType(p, io, true);
+      EXPECT_EQ(dtype, io);
+      const float correction = cuda::dropoutScaleCorrection(p, dtype);
+      const float rounded = dtype == DataType::BFloat16 ? bf16ToFloat(floatToBf16(static_cast<float>(1 / (1 - p))))
+                                                        : halfToFloat(floatToHalf(static_cast<float>(1 / (1 - p))));
+      EXPECT_NEAR(rounded * correction, 1 / (1 - p), 1e-6) << toString(io) << " p " << p;
+      EXPECT_LT(std::abs(correction - 1), io == DataType::BFloat16 ? 4e-3 : 5e-4) << toString(io) << " p " << p;
+    }
+    EXPECT_EQ(cuda::dropoutMaskDataType(0.1, io, false), DataType::Float);
+    EXPECT_EQ(cuda::dropoutScaleCorrection(0.1, DataType::Float), 1.0F);
+    EXPECT_EQ(cuda::dropoutScaleCorrection(0.5, io), 1.0F);
+  }
 }
 
 TEST(VectorizedCopyCodegen, CompilesForSm90) {
