@@ -13,9 +13,17 @@
 // - streaming (items > 0, stream): as persistent, but the per-element inputs are re-read by each
 //   pass (from L1/L2) rather than held: registers hold only the outer accumulators and the cached
 //   expensive values, for segments reading more inputs than fit.
+// - cluster (items > 0, cluster > 1; sm_90, MESHFUSE_NORM_CLUSTER=1 until run on a GPU): a row too
+//   long for one block is split over a thread-block cluster, each block holding an interleaved share
+//   in registers as the persistent variant does; each block reduction is followed by a cluster
+//   barrier and a read of the other blocks' totals through distributed shared memory.
 // - multi-pass (items == 0), for rows too long for the registers of one block: each pass re-reads
 //   the row from global memory (from L2 while it fits) and recomputes what it needs. Correct at any
 //   row length, about (passes + 1) reads of the row: a fallback, not a fast path.
+// The element loops are what the kernels spend their instructions on (they were instruction-bound
+// before memory-bound, BENCHMARKS.md): a vector chunk is bounds-checked once (rows are a multiple
+// of the vector width whenever vectors are used) or not at all when the chunks cover the row
+// exactly, and a final cast is stored with the store's one conversion.
 // Outer reductions (over the rows) accumulate per thread (registers, or the workspace in the
 // multi-pass variant), each (block, row slot) writes its partial row to a workspace, and a second
 // kernel (the epilogue) adds the partials in a fixed order (deterministic; a tile of columns per
