@@ -5,7 +5,11 @@
 #if MESHFUSE_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <regex>
 #include <vector>
 
@@ -606,6 +610,27 @@ TEST(NormalizationCodegen, PreparedSegmentFollowsItsShapes) {
   auto d = cuda::prepareNormalization(other.seg, other.shapes, other.values, other.outputs);
   ASSERT_TRUE(d.has_value());
   EXPECT_NE(d->program.key(), a->program.key());
+}
+
+// MESHFUSE_DUMP_KERNELS=<dir>: each compilation leaves its source and its cubin there.
+TEST(NvrtcDump, SourceAndCubinAreWritten) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "meshfuse_dump_test";
+  std::filesystem::remove_all(dir);
+  ::setenv("MESHFUSE_DUMP_KERNELS", dir.c_str(), 1);
+  const std::string source = "extern \"C\" __global__ void dumped(float* x) { x[threadIdx.x] *= 2.0f; }\n";
+  const std::string cubin = cuda::compileToCubin(source, "dumped", "sm_90");
+  ::unsetenv("MESHFUSE_DUMP_KERNELS");
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) files.push_back(entry.path());
+  ASSERT_EQ(files.size(), 2u);
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files[0].extension(), ".cu");
+  EXPECT_EQ(files[1].extension(), ".cubin");
+  EXPECT_NE(files[0].filename().string().find("-dumped"), std::string::npos) << files[0];
+  std::ifstream cu(files[0]), bin(files[1], std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(cu), {}), source);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(bin), {}), cubin);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(NvrtcErrors, CompileErrorsCarryTheLog) {
