@@ -33,12 +33,12 @@ using Varies = Plan::Varies;
 
 constexpr int64_t kParallelThreshold = 1 << 15;  // elements below which one thread does it all
 // Per-row outputs of at least this many bytes (together) are computed in the row buffers and
-// copied out row by row, not in place in their rows. Measured on a 2-core AMD EPYC (AVX-512),
-// [4096, 4096] fp32, one thread: RMSNorm 14.3 -> 10.3 ms, LayerNorm 17.0 -> 13.1 (BENCHMARKS.md,
-// CPU normalization, session 9); why in place is slower there was not found (non-temporal stores
-// for the copy changed nothing). Smaller outputs (the layer's [512, 1024]) keep the in-place rows,
-// measured faster on the Xeon of earlier sessions.
-constexpr int64_t kInPlaceOutputBytes = int64_t{32} << 20;
+// copied out row by row, not in place in their rows. Measured on a 2-core AMD EPYC (AVX-512), one
+// thread: [4096, 4096] fp32 RMSNorm 14.3 -> 10.0 ms, LayerNorm 17.0 -> 12.5; [512, 4096] 5-50%
+// faster for all four norms; [512, 1024] (2 MiB, the CPU transformer layer's) within 10% either way
+// (BENCHMARKS.md, CPU normalization, session 9). Why in place is slower there was not found
+// (non-temporal stores for the copy changed nothing).
+constexpr int64_t kInPlaceOutputBytes = int64_t{4} << 20;
 
 // Where a value lives: a row buffer of each thread, a row scalar of each thread, a column buffer or
 // scalar shared by the threads, or a constant.

@@ -385,8 +385,8 @@ def test_var_mean_correction_and_keepdim(rng):
 
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm_var_mean", "layernorm_bwd"])
 def test_outputs_too_large_for_the_caches_are_copied_out_of_the_row_buffers(rng, name):
-    # [2048, 4096] fp32 is 32 MiB an output: past the CPU kernel's in-place threshold, its rows are
-    # computed in the row buffers and copied out (runtime/cpu/normalization.cpp); same numbers.
+    # [2048, 4096] fp32 is 32 MiB an output: past the CPU kernel's in-place threshold (4 MiB), its
+    # rows are computed in the row buffers and copied out (runtime/cpu/normalization.cpp).
     _, ref, kinds = PATTERNS[name]
     arrays = _row_inputs(rng, 2048, 4096, kinds)
     fd, got, seen = run_pattern(name, arrays, "float32")
