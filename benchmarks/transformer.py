@@ -230,6 +230,24 @@ def kernel_profile(label, fn, sync, top=8):
             by_name[e.name] = by_name.get(e.name, 0.0) + us / 1e3
     tops = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
     print(f"# {label:<10} {wall:>8.2f} {busy:>12.2f}  " + "; ".join(f"{n[:60]} {ms:.3f}" for n, ms in tops))
+    print_idle_gaps(label, prof)
+
+
+def print_idle_gaps(label, prof, top=6, min_us=5.0):
+    """Where the GPU sat idle between the first and the last kernel of the call (host launch cost,
+    synchronizations): the gaps longer than min_us, with the kernels on either side of each."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start)
+    gaps, reach, before = [], None, None
+    for start, end, name in spans:
+        if reach is not None and start - reach > min_us:
+            gaps.append((start - reach, before, name))
+        if reach is None or end > reach:
+            reach, before = end, name
+    total = sum(g for g, _, _ in gaps) / 1e3
+    worst = sorted(gaps, key=lambda g: -g[0])[:top]
+    print(f"#   {label} idle inside the call: {total:.2f} ms in {len(gaps)} gaps > {min_us:.0f} us; longest: " +
+          "; ".join(f"{g:.0f} us {a[:28]} -> {b[:28]}" for g, a, b in worst))
 
 
 def run_cuda(args):

@@ -124,7 +124,7 @@ float heldScale(double dropout_p, DataType dtype) {
 DataType dropoutMaskDataType(double dropout_p, DataType io) {
   static const bool narrow = [] {
     const char* e = std::getenv("MESHFUSE_ATTENTION_NARROW_MASK");
-    return e != nullptr && std::string(e) == "1";
+    return e == nullptr || std::string(e) != "0";
   }();
   return dropoutMaskDataType(dropout_p, io, narrow);
 }

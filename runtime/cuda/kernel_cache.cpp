@@ -64,8 +64,11 @@ std::string compileToCubin(const std::string& source, const std::string& program
   nvrtcProgram prog;
   MESHFUSE_NVRTC_CHECK(nvrtcCreateProgram(&prog, source.c_str(), (program_name + ".cu").c_str(), 0, nullptr, nullptr));
   const std::string arch_opt = "-arch=" + arch, include_opt = "-I" + cudaIncludeDir();
-  const char* options[] = {arch_opt.c_str(), include_opt.c_str(), "-std=c++17", "-default-device",
-                           "--extra-device-vectorization"};
+  // -lineinfo: line tables only (the code is unchanged), so compute-sanitizer and profilers name the
+  // line of the generated source (MESHFUSE_DUMP_KERNELS writes it) instead of a bare offset.
+  const char* options[] = {
+      arch_opt.c_str(), include_opt.c_str(), "-std=c++17", "-default-device", "--extra-device-vectorization",
+      "-lineinfo"};
   nvrtcResult result = nvrtcCompileProgram(prog, sizeof(options) / sizeof(options[0]), options);
   if (result != NVRTC_SUCCESS) {
     size_t log_size = 0;

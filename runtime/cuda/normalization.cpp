@@ -223,8 +223,9 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
   // about 0.3 TB/s), where the column kernel splits the columns over the whole GPU.
   const bool inner_reduction = std::any_of(p.steps.begin(), p.steps.end(),
                                            [](const Program::Step& st) { return isReduction(st.op) && !st.outer; });
+  // (Nor by a cluster of blocks a row: that kernel's speed on these segments is unmeasured.)
   if (!inner_reduction) {
-    const NormalizationVariant v = chooseNormalizationVariant(L);
+    const NormalizationVariant v = chooseNormalizationVariant(L, false);
     if (v.items == 0 || v.stream)
       return refuse("only outer reductions, over rows too long for the registers (" + v.key() +
                     "): the column-reduction kernel runs them");
@@ -263,9 +264,29 @@ NormalizationVariant persistentVariant(NormalizationVariant v, int64_t n) {
 }
 }  // namespace
 
+namespace {
+// Thread-block clusters need sm_90 or later: the device of the launch's first CUDA tensor decides
+// (a launch with none, prepared only to generate code, is taken to be for sm_90).
+int computeCapabilityMajor(int device) {
+  static std::mutex mutex;
+  static std::map<int, int> majors;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, added] = majors.try_emplace(device, 0);
+  if (added) MESHFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&it->second, cudaDevAttrComputeCapabilityMajor, device));
+  return it->second;
+}
+
+bool clustersRunOn(const NormalizationLaunch& L) {
+  for (const auto* list : {&L.loads, &L.stores})
+    for (const Tensor& t : *list)
+      if (t.device().type == DeviceType::CUDA) return computeCapabilityMajor(t.device().index) >= 9;
+  return true;
+}
+}  // namespace
+
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
   // Read on every call (not with the other knobs) so that a test can turn clusters on and off.
-  return chooseNormalizationVariant(L, envInt("MESHFUSE_NORM_CLUSTER", 0) != 0);
+  return chooseNormalizationVariant(L, envInt("MESHFUSE_NORM_CLUSTER", 1) != 0 && clustersRunOn(L));
 }
 
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bool allow_clusters) {
@@ -342,8 +363,17 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
     return arrays * out.items * v.vec * words_per_value <= cap;
   };
   if (fit(held + inputs, v, packs)) return persistentVariant(v, n);
+  // Too many inputs to hold the row of each: stream them (re-read per pass from L1/L2) and keep
+  // only the accumulators in registers, rather than a cluster or the multi-pass variant, whose outer
+  // reductions go through the workspace element by element for every row.
+  if (inputs > 0) {
+    NormalizationVariant s = v;
+    s.stream = true;
+    if (fit(held, s, packs)) return persistentVariant(s, n);
+  }
   // A row past one block's registers: split over a cluster of 2, 4 or 8 blocks (the portable
-  // cluster sizes), each holding an interleaved share, before streaming or multi-pass.
+  // cluster sizes), each holding an interleaved share, before multi-pass.
+  // (After streaming, whose speed on the layer's backward segments at 12288 columns is measured.)
   // Expensive values (softmax's exp) are recomputed there if holding them is what does not fit.
   for (int cluster = 2; allow_clusters && cluster <= 8; cluster *= 2) {
     for (bool recompute : {v.recompute, true}) {
@@ -354,14 +384,6 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
       if (fit(arrays, c, ceilDiv(packs, cluster)) && c.threads_y == 1 && c.threads_x > 32)
         return persistentVariant(c, n);
     }
-  }
-  // Too many inputs to hold the row of each: stream them (re-read per pass from L1/L2) and keep
-  // only the accumulators in registers, rather than the multi-pass variant, whose outer
-  // reductions go through the workspace element by element for every row.
-  if (inputs > 0) {
-    NormalizationVariant s = v;
-    s.stream = true;
-    if (fit(held, s, packs)) return persistentVariant(s, n);
   }
   v.items = 0;  // multi-pass: the row does not fit the registers of one block
   v.recompute = v.fence = false;

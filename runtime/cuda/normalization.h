@@ -40,8 +40,7 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
 
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch);
 // The same with thread-block clusters allowed or not for rows one block cannot hold (by default
-// they are not, unless MESHFUSE_NORM_CLUSTER=1: the cluster variant has not run on a GPU yet, and the
-// multi-pass variant takes those rows).
+// they are; MESHFUSE_NORM_CLUSTER=0 leaves those rows to the multi-pass variant).
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch, bool allow_clusters);
 
 // Compiles (cached) and launches on `device`'s current stream; the tensors must live there.

@@ -876,7 +876,10 @@ std::string NormalizationProgram::key() const {
 std::string NormalizationVariant::key() const {
   return "v" + std::to_string(vec) + "x" + std::to_string(threads_x) + "y" + std::to_string(threads_y) + "i" +
          std::to_string(items) + (stream ? "s" : "") + (prefetch ? "p" : "") + (recompute ? "r" : "") +
-         (fence ? "f" : "") + (min_blocks > 0 ? "m" + std::to_string(min_blocks) : "");
+         (fence ? "f" : "") + (min_blocks > 0 ? "m" + std::to_string(min_blocks) : "") +
+         // Both change the generated code: CL is compiled in, and an exact variant has no column check
+         // (a kernel cached for a row its chunks cover must not run on a shorter row).
+         (cluster > 1 ? "c" + std::to_string(cluster) : "") + (exact ? "e" : "");
 }
 
 size_t normalizationParamWords(const NormalizationProgram& p) {

@@ -13,7 +13,7 @@
 // - streaming (items > 0, stream): as persistent, but the per-element inputs are re-read by each
 //   pass (from L1/L2) rather than held: registers hold only the outer accumulators and the cached
 //   expensive values, for segments reading more inputs than fit.
-// - cluster (items > 0, cluster > 1; sm_90, MESHFUSE_NORM_CLUSTER=1 until run on a GPU): a row too
+// - cluster (items > 0, cluster > 1; sm_90, off with MESHFUSE_NORM_CLUSTER=0): a row too
 //   long for one block is split over a thread-block cluster, each block holding an interleaved share
 //   in registers as the persistent variant does; each block reduction is followed by a cluster
 //   barrier and a read of the other blocks' totals through distributed shared memory.

@@ -11,6 +11,7 @@
 #include <functional>
 #include <iterator>
 #include <regex>
+#include <set>
 #include <vector>
 
 #include "norm_fusions.h"
@@ -337,7 +338,8 @@ TEST(NormalizationCodegen, EveryNormCompilesAtShortLongAndTooLongRows) {
         std::string why;
         auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs, &why);
         ASSERT_TRUE(launch.has_value()) << why;
-        const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
+        // Without clusters (LongRowsSplitOverAClusterCompile covers them).
+        const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch, false);
         EXPECT_EQ(v.items == 0, row == 262144)
             << v.key() << ": only rows past the registers take the multi-pass variant";
         if (row == 4096) EXPECT_EQ(v.vec, dt == DataType::BFloat16 ? 8 : 4) << "16-byte accesses";
@@ -534,6 +536,44 @@ TEST(NormalizationCodegen, LongRowsSplitOverAClusterCompile) {
   }
 }
 
+// The compiled-kernel cache is keyed by NormalizationVariant::key(): every field that changes the
+// generated code must change the key. (The cluster size and the exact-cover flag once did not: a
+// kernel compiled for an 8-block cluster ran under a 2-block launch and read shared memory of
+// blocks outside its cluster, and an exact kernel, with no column checks, could run on a shorter row.)
+TEST(NormalizationCodegen, VariantKeyNamesEverythingTheCodeDependsOn) {
+  cuda::NormalizationVariant base;
+  base.vec = 4;
+  base.threads_x = 256;
+  base.items = 2;
+  std::vector<cuda::NormalizationVariant> changed(9, base);
+  changed[0].vec = 8;
+  changed[1].threads_x = 512;
+  changed[2].threads_y = 2;
+  changed[3].items = 3;
+  changed[4].stream = true;
+  changed[5].prefetch = true;
+  changed[6].recompute = true;
+  changed[7].exact = true;
+  changed[8].cluster = 2;
+  std::set<std::string> keys = {base.key()};
+  for (const auto& v : changed) EXPECT_TRUE(keys.insert(v.key()).second) << v.key();
+  cuda::NormalizationVariant fenced = base, bounded = base;
+  fenced.fence = true;
+  bounded.min_blocks = 2;
+  EXPECT_NE(fenced.key(), base.key());
+  EXPECT_NE(bounded.key(), base.key());
+  // The same norm at a row its chunks cover and a slightly shorter one picks different kernels.
+  using testing_norms::Norm;
+  NormSegment covered(Norm::LayerNorm, DataType::BFloat16, 3, 4096),
+      shorter(Norm::LayerNorm, DataType::BFloat16, 3, 4088);
+  auto lc = cuda::prepareNormalization(covered.seg, covered.shapes, covered.values, covered.outputs);
+  auto ls = cuda::prepareNormalization(shorter.seg, shorter.shapes, shorter.values, shorter.outputs);
+  ASSERT_TRUE(lc.has_value() && ls.has_value());
+  const auto vc = cuda::chooseNormalizationVariant(*lc, false), vs = cuda::chooseNormalizationVariant(*ls, false);
+  EXPECT_NE(vc.exact, vs.exact) << vc.key() << " " << vs.key();
+  EXPECT_NE(vc.key(), vs.key());
+}
+
 // A backward-like segment reading more inputs than registers hold (six rows plus two outer
 // accumulators): the persistent variant streams the inputs rather than falling to multi-pass.
 TEST(NormalizationCodegen, ManyInputsStreamInsteadOfMultiPass) {
@@ -650,15 +690,20 @@ TEST(DropoutMaskCodegen, CompilesForSm90) {
   EXPECT_FALSE(cuda::compileToCubin(cuda::storeInt64Source(), "store_int64", "sm_90").empty());
 }
 
-// A kept element holds the keep scale 1 / (1 - p): in the io dtype where that dtype holds it
-// exactly, else in fp32 (so CUDA scales by the very float the CPU kernel does).
+// Without the narrow mask (MESHFUSE_ATTENTION_NARROW_MASK=0) a kept element holds the keep scale
+// 1 / (1 - p): in the io dtype where that dtype holds it exactly, else in fp32 (so CUDA scales by the
+// very float the CPU kernel does). By default the mask is in the io dtype whatever p is.
 TEST(DropoutMaskCodegen, MaskDtypeHoldsTheKeepScaleExactly) {
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.2, DataType::BFloat16), DataType::BFloat16);  // 1.25
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.5, DataType::BFloat16), DataType::BFloat16);  // 2
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.75, DataType::Half), DataType::Half);         // 4
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16), DataType::Float);     // 1.111...
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::Half), DataType::Float);
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.25, DataType::BFloat16), DataType::Float);  // 1.333...
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.2, DataType::BFloat16, false), DataType::BFloat16);  // 1.25
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.5, DataType::BFloat16, false), DataType::BFloat16);  // 2
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.75, DataType::Half, false), DataType::Half);         // 4
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16, false), DataType::Float);     // 1.111...
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::Half, false), DataType::Float);
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.25, DataType::BFloat16, false), DataType::Float);  // 1.333...
+  const char* env = std::getenv("MESHFUSE_ATTENTION_NARROW_MASK");
+  const bool narrow = env == nullptr || std::string(env) != "0";
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16), narrow ? DataType::BFloat16 : DataType::Float);
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.2, DataType::Half), DataType::Half);
 }
 
 // A narrow mask holds the keep scale rounded to the attention's dtype; cuDNN's dropout scale input
