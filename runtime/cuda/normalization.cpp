@@ -385,6 +385,14 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
         return persistentVariant(c, n);
     }
   }
+  // Still too many arrays (a backward's inputs and its outer accumulators): a cluster of streaming
+  // blocks, each re-reading its share of the inputs per pass and holding only the accumulators.
+  for (int cluster = 2; allow_clusters && inputs > 0 && cluster <= 8; cluster *= 2) {
+    NormalizationVariant c = v;
+    c.cluster = cluster;
+    c.stream = true;
+    if (fit(held, c, ceilDiv(packs, cluster)) && c.threads_y == 1 && c.threads_x > 32) return persistentVariant(c, n);
+  }
   v.items = 0;  // multi-pass: the row does not fit the registers of one block
   v.recompute = v.fence = false;
   v.threads_x = kMultiPassThreads;
