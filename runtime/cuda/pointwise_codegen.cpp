@@ -357,7 +357,9 @@ std::string PointwiseProgram::key() const {
   for (const auto& ins : instrs) {
     os << static_cast<int>(ins.op) << "/" << static_cast<int>(ins.dtype) << "(";
     for (const auto& a : ins.args) {
-      os << static_cast<int>(a.kind) << "." << a.index;
+      // The operand's own dtype too: comparisonType() reads it (an Int tensor against a Double
+      // scalar compares in double, against an Int one in integers), so it changes the code.
+      os << static_cast<int>(a.kind) << "." << a.index << ":" << static_cast<int>(a.dtype);
       if (a.kind == K::Constant) os << "=" << literal(a.value);
       os << ",";
     }

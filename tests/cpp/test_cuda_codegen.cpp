@@ -234,6 +234,34 @@ TEST(PointwiseCodegenKeys, KeysSeparateStructureTypesAndVariants) {
   EXPECT_NE(v1.key(), v2.key());
 }
 
+// The compiled-kernel cache is keyed by PointwiseProgram::key(): an operand's own dtype changes the
+// code (a comparison of an Int tensor with a Double runtime scalar compares in double, with an Int
+// one in integers), so two programs differing only there must not share a kernel: x = 2 < s = 2.5
+// computed by the integer kernel truncates s and gives false.
+TEST(PointwiseCodegenKeys, KeyNamesOperandDtypes) {
+  auto compare = [](Kind kind, DataType operand) {
+    PointwiseProgram p;
+    p.inputs = {DataType::Int};
+    p.num_scalars = kind == Kind::Scalar ? 1 : 0;
+    p.instrs.push_back({OpType::Lt, {input(0, DataType::Int), {kind, 0, 2, operand}}, DataType::Bool});
+    p.outputs = {0};
+    return p;
+  };
+  for (Kind kind : {Kind::Scalar, Kind::Constant}) {
+    const PointwiseProgram a = compare(kind, DataType::Int), b = compare(kind, DataType::Double);
+    ASSERT_NE(cuda::generatePointwiseSource(a, {}, "k"), cuda::generatePointwiseSource(b, {}, "k"))
+        << "the operand's dtype picks the comparison type";
+    EXPECT_NE(a.key(), b.key());
+  }
+  // A Bool tensor against an Int scalar compares in Int, against a Bool one in Bool.
+  PointwiseProgram c = compare(Kind::Scalar, DataType::Int), d = c;
+  c.inputs[0] = d.inputs[0] = DataType::Bool;
+  c.instrs[0].args[0].dtype = d.instrs[0].args[0].dtype = DataType::Bool;
+  d.instrs[0].args[1].dtype = DataType::Bool;
+  ASSERT_NE(cuda::generatePointwiseSource(c, {}, "k"), cuda::generatePointwiseSource(d, {}, "k"));
+  EXPECT_NE(c.key(), d.key());
+}
+
 TEST(PointwiseCodegenErrors, MalformedProgramsAreRejected) {
   PointwiseProgram p;
   p.inputs = {DataType::Float};
