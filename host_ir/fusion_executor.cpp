@@ -46,10 +46,12 @@ void checkMeshesFitWorld(const Fusion& fusion, int64_t world_size) {
   }
 }
 
-std::string cacheKey(const InputSignature& sig, const MultiDeviceExecutorParams& params) {
+// The fusion's version is part of the key: the lowering reads the meshes and shardings, which can
+// still change after an execute (TensorView.set_device_mesh, outer_split, parallelize).
+std::string cacheKey(const InputSignature& sig, const MultiDeviceExecutorParams& params, uint64_t fusion_version) {
   std::ostringstream os;
-  os << static_cast<int>(params.lower.communicator_backend) << "|" << static_cast<int>(sig.device) << ":"
-     << sig.device_index << "|";
+  os << "v" << fusion_version << "|" << static_cast<int>(params.lower.communicator_backend) << "|"
+     << static_cast<int>(sig.device) << ":" << sig.device_index << "|";
   for (size_t i = 0; i < sig.global.size(); ++i) {
     os << static_cast<int>(sig.dtypes[i]) << "[";
     for (int64_t e : sig.global[i]) os << e << ",";
@@ -136,7 +138,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     sig = checkLocalInputs(*fusion_, inputs, rank);
   }
 
-  std::string key = cacheKey(sig, params);
+  std::string key = cacheKey(sig, params, fusion_->version());
   auto it = programs_.find(key);
   if (it == programs_.end()) {
     const Device device{sig.device, sig.device_index};

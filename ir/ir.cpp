@@ -57,7 +57,10 @@ void TensorView::split(int64_t loop_axis, int64_t factor, bool inner_split) {
   }
   loop_[loop_axis] = outer;
   loop_.insert(loop_.begin() + loop_axis + 1, inner);
+  scheduleChanged();
 }
+
+void TensorView::scheduleChanged() { ++fusion()->version_; }
 
 void TensorView::parallelize(int64_t loop_axis, ParallelType p) {
   if (loop_axis < 0) loop_axis += static_cast<int64_t>(loop_.size());
@@ -75,6 +78,7 @@ void TensorView::parallelize(int64_t loop_axis, ParallelType p) {
       if (&other != &a && other.parallel == p) throw UserError(name() + ": two axes parallelized on " + toString(p));
   }
   a.parallel = p;
+  scheduleChanged();
 }
 
 int TensorView::shardedAxis(ParallelType p) const {
@@ -257,6 +261,7 @@ Expr* Fusion::newExpr(OpType op, std::vector<Val*> inputs, std::vector<Val*> out
   for (Val* v : raw->inputs()) v->uses_.push_back(raw);
   for (Val* v : raw->outputs()) v->definition_ = raw;
   exprs_.push_back(std::move(e));
+  ++version_;
   return raw;
 }
 
@@ -264,6 +269,7 @@ void Fusion::addInput(Val* v) {
   if (!owns(v)) throw UserError("add_input: " + v->name() + " belongs to another fusion");
   if (v->definition()) throw UserError("add_input: " + v->name() + " is computed by an expression");
   if (!isInput(v)) inputs_.push_back(v);
+  ++version_;
 }
 
 void Fusion::addOutput(Val* v) {
@@ -271,6 +277,7 @@ void Fusion::addOutput(Val* v) {
     throw UserError("add_output: " + (v ? v->name() : std::string("None")) + " is not a tensor of this fusion");
   if (!v->isTensor()) throw UserError("add_output: " + v->name() + " is a scalar; outputs are tensors");
   if (!isOutput(v)) outputs_.push_back(v);
+  ++version_;
 }
 
 bool Fusion::isInput(const Val* v) const { return std::find(inputs_.begin(), inputs_.end(), v) != inputs_.end(); }

@@ -86,14 +86,20 @@ class TensorView : public Val {
   bool isContiguous() const;
 
   // Multi-device annotations (nvFuser's names).
-  void setDeviceMesh(const DeviceMesh& mesh) { mesh_ = mesh; }
+  void setDeviceMesh(const DeviceMesh& mesh) {
+    mesh_ = mesh;
+    scheduleChanged();
+  }
   const std::optional<DeviceMesh>& deviceMesh() const { return mesh_; }
   bool hasDeviceMesh() const { return mesh_.has_value(); }
   const std::vector<LoopAxis>& loop() const { return loop_; }
   void split(int64_t loop_axis, int64_t factor, bool inner_split = true);
   void outerSplit(int64_t loop_axis, int64_t parts) { split(loop_axis, parts, /*inner_split=*/false); }
   void parallelize(int64_t loop_axis, ParallelType p);
-  void setLoop(std::vector<LoopAxis> loop) { loop_ = std::move(loop); }
+  void setLoop(std::vector<LoopAxis> loop) {
+    loop_ = std::move(loop);
+    scheduleChanged();
+  }
   // The logical axis sharded over p's mesh dimension, or -1.
   int shardedAxis(ParallelType p) const;
   // The number of chunks the logical axis is split into along p (the mesh size or stream count).
@@ -105,11 +111,15 @@ class TensorView : public Val {
   std::string loopToString() const;
   // A Partial tensor along a mesh dimension holds, on each device of that dimension, a summand
   // (or max/min operand) of the value: set by resharding insertion, never by users.
-  void setPartial(ParallelType p, bool partial) { partial_[meshAxisIndex(p)] = partial; }
+  void setPartial(ParallelType p, bool partial) {
+    partial_[meshAxisIndex(p)] = partial;
+    scheduleChanged();
+  }
   bool isPartial(ParallelType p) const { return partial_[meshAxisIndex(p)]; }
   bool isPartial() const { return partial_[0] || partial_[1] || partial_[2]; }
 
  private:
+  void scheduleChanged();  // advances the fusion's version (Fusion::version says why)
   std::vector<int64_t> shape_;
   std::vector<bool> contiguity_;
   std::optional<DeviceMesh> mesh_;
@@ -248,7 +258,14 @@ class Fusion {
   // A deep copy; `map` (if given) receives old val id -> new Val*.
   std::unique_ptr<Fusion> clone(std::vector<Val*>* map = nullptr) const;
 
+  // Advances at every change of the definition (exprs, inputs, outputs) and of a tensor's schedule
+  // (mesh, loop domain, partial flags). FusionExecutorCache keys its lowered programs by it: the
+  // lowering reads all of these, and a TensorView's schedule can still change after an execute.
+  uint64_t version() const { return version_; }
+
  private:
+  friend class TensorView;
+  uint64_t version_ = 0;
   std::vector<std::unique_ptr<Val>> vals_;
   std::vector<std::unique_ptr<Expr>> exprs_;
   std::vector<Val*> inputs_;

@@ -153,6 +153,29 @@ def test_set_backend_changes_the_next_lowering(rng):
     assert fd.num_cached_programs() == 2
 
 
+def test_a_schedule_changed_after_execute_is_lowered_again(rng):
+    # Meshes and shardings are set on TensorViews, which stay writable after the first execute; the
+    # lowering reads them, so the program cache must not serve the program of the old schedule (on
+    # two ranks, sharding the output after an execute returned the whole [4, 8] output, not a shard).
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(shape=[4, 8])
+        y = fd.ops.relu(x)
+        fd.add_output(y)
+    xn = random_array(rng, (4, 8), np.float32)
+    fd.execute([xn])
+    assert "DeviceMesh" not in fd.last_lowered_fusion()
+    for tv in (x, y):
+        tv.set_device_mesh(DeviceMesh([0]))
+    y.outer_split(0, 1)
+    y.axis(0).parallelize(ParallelType.mesh_x)
+    (out,) = fd.execute([xn])
+    np.testing.assert_array_equal(out, np.maximum(xn, 0))
+    assert "DeviceMesh{0}" in fd.last_lowered_fusion() and "mesh_x" in fd.last_lowered_fusion()
+    assert fd.num_cached_programs() == 2
+    fd.execute([xn])  # the same schedule again: the cached program
+    assert fd.num_cached_programs() == 2
+
+
 def test_concurrent_executions_of_separate_definitions(rng):
     def make(k):
         with FusionDefinition() as fd:
