@@ -273,7 +273,11 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   std::unordered_map<TensorAttr, void*> pack;
   std::vector<Tensor> keep;  // what is bound (inputs or their dense copies), alive until the call is queued
   auto bind = [&](const std::string& name, const Tensor& t) {
-    keep.push_back(built->strided_inputs && in_place.count(name) > 0 ? t : t.contiguous());
+    Tensor bound = built->strided_inputs && in_place.count(name) > 0 ? t : t.contiguous();
+    // cuDNN's kernels need 16-byte aligned addresses; a contiguous view that starts mid-vector (a
+    // slice at an odd offset) is bound as an aligned copy. (Strided inputs were checked above.)
+    if (reinterpret_cast<uintptr_t>(bound.data()) % 16 != 0) bound = bound.clone();
+    keep.push_back(bound);
     pack[built->tensors.at(name)] = keep.back().data();
   };
   const bool dropout = p.dropout_p > 0;
