@@ -41,8 +41,11 @@ def gpu(args):
     # With dropout, meshfuse hands cuDNN its Philox mask (bf16 where bf16 holds 1 / (1 - p) exactly,
     # as at p = 0.2, else fp32: runtime/cuda/dropout_mask.h) while torch draws its own mask in-kernel;
     # the outputs then differ by design and the error column is left out.
+    # torch's forward is timed twice: on inputs that need no gradient (its inference kernels, which
+    # skip the log-sum-exp) and on inputs that do (training: the kernel also writes the statistics
+    # the backward reads, as meshfuse's sdpfa_fwd always does). "fwd train" is the like-for-like one.
     print(f"{'shape (b,h,s)':>16} {'causal':>6} {'dropout':>7} {'impl':>10} {'fwd TF/s':>9} {'bwd TF/s':>9} "
-          f"{'max|err| vs torch':>18}")
+          f"{'fwd train':>9} {'max|err| vs torch':>18}")
     d = 128
     for (b, h, s), causal, p in ((shape, causal, p) for shape in args.shapes for causal in (False, True)
                                  for p in args.dropout):
@@ -66,7 +69,7 @@ def gpu(args):
         err = f"{(out.float() - ref.float()).abs().max().item():18.4f}" if p == 0 else ""
         print(f"{str((b, h, s)):>16} {str(causal):>6} {p:>7} {'meshfuse':>10} "
               f"{flops(b, h, s, d, causal) / t_f / 1e12:9.0f} {flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f} "
-              f"{err}", flush=True)
+              f"{flops(b, h, s, d, causal) / t_f / 1e12:9.0f} {err}", flush=True)
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                               ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
             try:
@@ -76,8 +79,11 @@ def gpu(args):
                                 args.iters)
                     o2 = F.scaled_dot_product_attention(qq, kk, vv, dropout_p=p, is_causal=causal)
                     t_b = timed(lambda: torch.autograd.grad(o2, (qq, kk, vv), go, retain_graph=True), args.iters)
+                    t_t = timed(lambda: F.scaled_dot_product_attention(qq, kk, vv, dropout_p=p, is_causal=causal),
+                                args.iters)
                 print(f"{'':>16} {'':>6} {'':>7} {name:>10} {flops(b, h, s, d, causal) / t_f / 1e12:9.0f} "
-                      f"{flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f}", flush=True)
+                      f"{flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f} "
+                      f"{flops(b, h, s, d, causal) / t_t / 1e12:9.0f}", flush=True)
             except RuntimeError as e:
                 print(f"{'':>16} {'':>6} {'':>7} {name:>10} unavailable: {str(e).splitlines()[0][:60]}")
         del q, k, v, go, out, lse_v
