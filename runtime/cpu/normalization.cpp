@@ -489,7 +489,13 @@ class Runner {
 
   // The PerRow steps, stage by stage, each stage's elementwise steps chunk by chunk.
   void runRow(Frame<T>& f) {
-    constexpr int64_t kChunk = 512;  // 2 KiB of float per value: a stage's chunks stay in L1
+    // 16 KiB of float per value: a stage's chunks stay in L2, and each step's call (its operands
+    // resolved, its op dispatched) is paid once per 4096 elements. 512 (L1-sized chunks) was
+    // slower at every shape measured on an AMD EPYC, one thread, three alternated rounds:
+    // [512, 1024] LayerNorm 0.29-0.30 -> 0.24 ms, backward 0.50-0.53 -> 0.43-0.44; [4096, 4096]
+    // LayerNorm 13.5-14.2 -> 9.8, RMSNorm 10.1-10.4 -> 7.9, backward 30.4-31.1 -> 20.4-20.6;
+    // [2048, 12288] backward 42-44 -> 30-31 (BENCHMARKS.md, CPU normalization, session 10).
+    constexpr int64_t kChunk = 4096;
     for (const Stage& stage : k_.stages) {
       for (int i : stage.scalar_steps) step(k_.steps[i], f);
       if (stage.chunk_steps.empty()) continue;
