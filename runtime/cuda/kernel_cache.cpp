@@ -96,17 +96,24 @@ std::string deviceArch(int device) {
   return "sm_" + std::to_string(major) + std::to_string(minor);
 }
 
-int multiprocessorCount(int device) {
+namespace {
+// A device attribute, queried once per (attribute, device): launches read these on every execution.
+int cachedAttribute(cudaDeviceAttr attribute, int device) {
   static std::mutex mutex;
-  static std::map<int, int> counts;
+  static std::map<std::pair<int, int>, int> values;
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = counts.find(device);
-  if (it != counts.end()) return it->second;
-  int n = 0;
-  MESHFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  counts[device] = n;
-  return n;
+  const std::pair<int, int> key{static_cast<int>(attribute), device};
+  auto it = values.find(key);
+  if (it != values.end()) return it->second;
+  int value = 0;
+  MESHFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  values[key] = value;
+  return value;
 }
+}  // namespace
+
+int multiprocessorCount(int device) { return cachedAttribute(cudaDevAttrMultiProcessorCount, device); }
+int computeCapabilityMajor(int device) { return cachedAttribute(cudaDevAttrComputeCapabilityMajor, device); }
 
 KernelFunction cachedKernel(int device, const std::string& key, const std::function<std::string()>& make_source,
                             const std::string& name) {

@@ -21,6 +21,7 @@ std::string compileToCubin(const std::string& source, const std::string& program
 // "sm_<major><minor>" of a device.
 std::string deviceArch(int device);
 int multiprocessorCount(int device);
+int computeCapabilityMajor(int device);  // 9 for sm_90 (cached, as multiprocessorCount)
 
 using KernelFunction = void*;  // a cudaKernel_t
 

@@ -267,15 +267,6 @@ NormalizationVariant persistentVariant(NormalizationVariant v, int64_t n) {
 namespace {
 // Thread-block clusters need sm_90 or later: the device of the launch's first CUDA tensor decides
 // (a launch with none, prepared only to generate code, is taken to be for sm_90).
-int computeCapabilityMajor(int device) {
-  static std::mutex mutex;
-  static std::map<int, int> majors;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto [it, added] = majors.try_emplace(device, 0);
-  if (added) MESHFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&it->second, cudaDevAttrComputeCapabilityMajor, device));
-  return it->second;
-}
-
 bool clustersRunOn(const NormalizationLaunch& L) {
   for (const auto* list : {&L.loads, &L.stores})
     for (const Tensor& t : *list)
@@ -374,15 +365,17 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
   // A row past one block's registers: split over a cluster of 2, 4 or 8 blocks (the portable
   // cluster sizes), each holding an interleaved share, before multi-pass.
   // (After streaming, whose speed on the layer's backward segments at 12288 columns is measured.)
+  // `c` (its cluster set) fits when `arrays` row shares fit each block, one row a block.
+  auto clusterFits = [&](NormalizationVariant& c, int arrays) {
+    return fit(arrays, c, ceilDiv(packs, c.cluster)) && c.threads_y == 1 && c.threads_x > 32;
+  };
   // Expensive values (softmax's exp) are recomputed there if holding them is what does not fit.
   for (int cluster = 2; allow_clusters && cluster <= 8; cluster *= 2) {
     for (bool recompute : {v.recompute, true}) {
       NormalizationVariant c = v;
       c.cluster = cluster;
       c.recompute = recompute;
-      const int arrays = (recompute ? p.numOuterReductions() : held) + inputs;
-      if (fit(arrays, c, ceilDiv(packs, cluster)) && c.threads_y == 1 && c.threads_x > 32)
-        return persistentVariant(c, n);
+      if (clusterFits(c, (recompute ? p.numOuterReductions() : held) + inputs)) return persistentVariant(c, n);
     }
   }
   // Still too many arrays (a backward's inputs and its outer accumulators): a cluster of streaming
@@ -391,7 +384,7 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
     NormalizationVariant c = v;
     c.cluster = cluster;
     c.stream = true;
-    if (fit(held, c, ceilDiv(packs, cluster)) && c.threads_y == 1 && c.threads_x > 32) return persistentVariant(c, n);
+    if (clusterFits(c, held)) return persistentVariant(c, n);
   }
   v.items = 0;  // multi-pass: the row does not fit the registers of one block
   v.recompute = v.fence = false;
