@@ -89,7 +89,15 @@ struct Built {
   std::shared_ptr<fe::graph::Graph> graph;
   std::map<std::string, TensorAttr> tensors;
   int64_t workspace = 0;
-  bool strided_inputs = false;  // false: q, k, v (o, dO) are bound as dense copies
+  bool strided_inputs = false;            // false: q, k, v (o, dO) are bound as dense copies
+  DataType mask_dtype = DataType::Float;  // what the dropout mask input holds (dropout_mask.h)
+};
+
+// A dtype for the dropout mask, as meshfuse holds it and as the graph declares it (a Bool mask may be
+// declared BOOLEAN or UINT8, whichever the cuDNN in use supports).
+struct MaskType {
+  DataType dtype;
+  fe::DataType_t declared;
 };
 
 // The strides of q, k, v (forward; also o and dO backward) as the call holds them, by name.
@@ -131,13 +139,18 @@ void output(Built& b, const std::string& name, const TensorAttr& t, const std::v
   b.tensors[name] = t;
 }
 
+fe::DataType_t ioType(DataType dtype) {
+  return dtype == DataType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+}
+
 std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const AttentionParams& p, DataType dtype,
-                             const InputStrides* strides) {
+                             const InputStrides* strides, const MaskType& mask_type) {
   auto b = std::make_shared<Built>();
   b->strided_inputs = strides != nullptr;
+  b->mask_dtype = mask_type.dtype;
   b->graph = std::make_shared<fe::graph::Graph>();
-  const fe::DataType_t io = dtype == DataType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
-  const fe::DataType_t mask = dropoutMaskDataType(p.dropout_p, dtype) == DataType::Float ? fe::DataType_t::FLOAT : io;
+  const fe::DataType_t io = ioType(dtype);
+  const fe::DataType_t mask = mask_type.declared;
   b->graph->set_io_data_type(io)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -184,9 +197,20 @@ int maskKey(const AttentionParams& p, DataType dtype) {
   return p.dropout_p > 0 ? 1 + static_cast<int>(dropoutMaskDataType(p.dropout_p, dtype)) : 0;
 }
 
+// The dtypes to try for the dropout mask, best first: a Bool mask as BOOLEAN, then as UINT8, then the
+// attention's own dtype (narrow) where this cuDNN takes neither; a narrow or exact mask as it is.
+std::vector<MaskType> maskTypes(const AttentionParams& p, DataType dtype) {
+  if (p.dropout_p <= 0) return {{DataType::Float, fe::DataType_t::FLOAT}};  // no mask input
+  const DataType wanted = dropoutMaskDataType(p.dropout_p, dtype);
+  if (wanted == DataType::Bool)
+    return {{DataType::Bool, fe::DataType_t::BOOLEAN}, {DataType::Bool, fe::DataType_t::UINT8}, {dtype, ioType(dtype)}};
+  return {{wanted, wanted == DataType::Float ? fe::DataType_t::FLOAT : ioType(dtype)}};
+}
+
 // The graph for these parameters and input strides. cuDNN reads strided q, k, v (o, dO) in place,
 // as the transformer's q/k/v views of the fused qkv projection arrive; when it refuses a layout,
-// the graph is built for dense inputs instead (and the call binds dense copies).
+// the graph is built for dense inputs instead (and the call binds dense copies). Each layout tries
+// the mask dtypes in maskTypes' order; the last one's error is the one raised.
 std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionParams& p, DataType dtype,
                                    const InputStrides& strides) {
   static std::mutex mu;
@@ -197,15 +221,20 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  std::shared_ptr<Built> built;
-  if (!strides.empty()) {
-    try {
-      built = build(handleFor(device), forward, p, dtype, &strides);
-    } catch (const std::runtime_error&) {
-      built = nullptr;  // this layout is not supported: dense copies below
+  const std::vector<MaskType> mask_types = maskTypes(p, dtype);
+  auto tryBuild = [&](const InputStrides* layout, bool last_layout) -> std::shared_ptr<Built> {
+    for (size_t m = 0; m < mask_types.size(); ++m) {
+      try {
+        return build(handleFor(device), forward, p, dtype, layout, mask_types[m]);
+      } catch (const std::runtime_error&) {
+        if (last_layout && m + 1 == mask_types.size()) throw;  // nothing left to try
+      }
     }
-  }
-  if (!built) built = build(handleFor(device), forward, p, dtype, nullptr);
+    return nullptr;
+  };
+  std::shared_ptr<Built> built;
+  if (!strides.empty()) built = tryBuild(&strides, false);  // not supported: dense copies below
+  if (!built) built = tryBuild(nullptr, true);
   cache.emplace(key, built);
   return built;
 }
@@ -260,10 +289,14 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
       forward ? std::vector<std::pair<const char*, size_t> >{{"q", kQ}, {"k", kK}, {"v", kV}}
               : std::vector<std::pair<const char*, size_t> >{
                     {"dO", kBwdGradOut}, {"q", kBwdQ}, {"k", kBwdK}, {"v", kBwdV}, {"o", kBwdOut}};
+  const bool dropout = p.dropout_p > 0;
   InputStrides strides;
   std::set<std::string> in_place;  // the inputs whose own layout the strided graph describes
   for (const auto& [name, index] : strided_inputs) {
-    std::vector<int64_t> st = inPlaceStrides(tensors[index]);
+    // Behind a 0/1 mask the backward binds a dense O divided by the dropout scale (below).
+    const bool rescaled =
+        dropout && !forward && std::string(name) == "o" && dropoutMaskDataType(p.dropout_p, dtype) == DataType::Bool;
+    std::vector<int64_t> st = rescaled ? std::vector<int64_t>{} : inPlaceStrides(tensors[index]);
     if (!st.empty()) in_place.insert(name);
     strides[name] = st.empty() ? rowMajor(tensors[index].shape()) : st;
   }
@@ -282,12 +315,16 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     keep.push_back(bound);
     pack[built->tensors.at(name)] = keep.back().data();
   };
-  const bool dropout = p.dropout_p > 0;
-  // The mask carries the keep scale (dropout_mask.h says why), so both scales cuDNN takes are 1,
-  // or the correction of a narrow mask's rounded scale.
-  const DataType mask_dtype = dropout ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
+  // cuDNN's dropout scale: what the mask does not hold of the keep scale (all of it for a 0/1 mask).
+  const DataType mask_dtype = built->mask_dtype;
   float dropout_scale = dropout ? dropoutScaleCorrection(p.dropout_p, mask_dtype) : 1.0F;
-  float dropout_scale_inv = 1.0F / dropout_scale;
+  // The frontend's backward multiplies D = rowsum(dO * O) by dropout_scale_inv and then, with the rest
+  // of dS, by dropout_scale; cuDNN 9.19 was measured to skip the first (dropout_mask.h). Behind a 0/1
+  // mask, where dropout_scale is the whole keep scale, O goes in divided by it and dropout_scale_inv
+  // is 1, which gives the right D either way; a narrow mask's correction (0.16% for bf16) is left to
+  // dropout_scale_inv, as measured and tested on the H200 in session 10.
+  const bool rescale_out = dropout && mask_dtype == DataType::Bool;
+  float dropout_scale_inv = rescale_out ? 1.0F : 1.0F / dropout_scale;
   if (dropout) {
     bind("mask", dropoutMask(device, p, mask_dtype, seed_at, offset_at));
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
@@ -309,7 +346,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     bind("q", tensors[kBwdQ]);
     bind("k", tensors[kBwdK]);
     bind("v", tensors[kBwdV]);
-    bind("o", tensors[kBwdOut]);
+    bind("o", rescale_out ? outputForDropoutBackward(device, tensors[kBwdOut], dropout_scale) : tensors[kBwdOut]);
     bind("stats", tensors[kBwdLse]);
     for (const char* name : {"dq", "dk", "dv"}) {
       const std::vector<int64_t> shape =

@@ -1,10 +1,13 @@
 #include "runtime/cuda/dropout_mask.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
+#include "ir/ir.h"
 #include "runtime/cuda/kernel_cache.h"
 #include "runtime/cuda/pointwise_codegen.h"
 #include "runtime/cuda/streams.h"
@@ -25,7 +28,7 @@ struct Params {
   const unsigned long long* offset_at;  // (the forward's 0-dim outputs), with no host round trip
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
   float threshold;
-  unsigned int kept;   // the bits a kept element gets (of a 2- or 4-byte element)
+  unsigned int kept;   // the bits a kept element gets (of a 1-, 2- or 4-byte element)
   int element_bytes;
   int causal;          // top-left causal: (i, j) with j > i is masked out
   int vector_stores;   // the mask's address is 16-byte aligned: aligned groups store as one vector
@@ -34,8 +37,10 @@ __device__ __forceinline__ void storeMaskGroup(const Params& p, long long e, lon
   if (p.vector_stores && j0 >= 0 && j0 + 4 <= p.seq_kv && (e & 3) == 0) {
     if (p.element_bytes == 4) {
       reinterpret_cast<uint4*>(p.mask)[e >> 2] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
-    } else {
+    } else if (p.element_bytes == 2) {
       reinterpret_cast<uint2*>(p.mask)[e >> 2] = make_uint2(bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16));
+    } else {
+      reinterpret_cast<unsigned*>(p.mask)[e >> 2] = bits[0] | (bits[1] << 8) | (bits[2] << 16) | (bits[3] << 24);
     }
     return;
   }
@@ -44,8 +49,10 @@ __device__ __forceinline__ void storeMaskGroup(const Params& p, long long e, lon
     if (j0 + k < 0 || j0 + k >= p.seq_kv) continue;
     if (p.element_bytes == 4)
       static_cast<unsigned int*>(p.mask)[e + k] = bits[k];
-    else
+    else if (p.element_bytes == 2)
       static_cast<unsigned short*>(p.mask)[e + k] = static_cast<unsigned short>(bits[k]);
+    else
+      static_cast<u8*>(p.mask)[e + k] = static_cast<u8>(bits[k]);
   }
 }
 extern "C" __global__ void meshfuse_dropout_mask(Params p) {
@@ -107,6 +114,7 @@ struct Params {
 float keepScale(double dropout_p) { return static_cast<float>(dropoutKeepScale(dropout_p)); }
 
 uint32_t keptBits(DataType dtype, float value) {
+  if (dtype == DataType::Bool) return 1;  // a 0/1 mask: the whole keep scale goes to cuDNN's dropout scale
   if (dtype == DataType::Float) return std::bit_cast<uint32_t>(value);
   return dtype == DataType::BFloat16 ? floatToBf16(value) : floatToHalf(value);
 }
@@ -119,22 +127,33 @@ namespace {
 // The keep scale as a mask of `dtype` holds it.
 float heldScale(double dropout_p, DataType dtype) {
   const float scale = keepScale(dropout_p);
+  if (dtype == DataType::Bool) return 1.0F;
   if (dtype == DataType::Float) return scale;
   const auto bits = static_cast<uint16_t>(keptBits(dtype, scale));
   return dtype == DataType::BFloat16 ? bf16ToFloat(bits) : halfToFloat(bits);
 }
 }  // namespace
 
-DataType dropoutMaskDataType(double dropout_p, DataType io) {
-  static const bool narrow = [] {
-    const char* e = std::getenv("MESHFUSE_ATTENTION_NARROW_MASK");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  return dropoutMaskDataType(dropout_p, io, narrow);
+MaskWidth maskWidthFromEnvironment() {
+  const char* e = std::getenv("MESHFUSE_ATTENTION_MASK");
+  const std::string v = e == nullptr ? "" : e;
+  if (v.empty() || v == "narrow") return MaskWidth::Narrow;
+  if (v == "byte") return MaskWidth::Byte;
+  if (v == "exact") return MaskWidth::Exact;
+  throw UserError("MESHFUSE_ATTENTION_MASK=" + v + " is not one of byte, narrow, exact");
 }
 
-DataType dropoutMaskDataType(double dropout_p, DataType io, bool narrow) {
-  return narrow || heldScale(dropout_p, io) == keepScale(dropout_p) ? io : DataType::Float;
+DataType dropoutMaskDataType(double dropout_p, DataType io) {
+  // Read at each call (a getenv beside a cuDNN graph), so that a test can run every width in one process.
+  return dropoutMaskDataType(dropout_p, io, maskWidthFromEnvironment());
+}
+
+DataType dropoutMaskDataType(double dropout_p, DataType io, MaskWidth width) {
+  switch (width) {
+    case MaskWidth::Byte: return DataType::Bool;
+    case MaskWidth::Narrow: return io;
+    default: return heldScale(dropout_p, io) == keepScale(dropout_p) ? io : DataType::Float;
+  }
 }
 
 float dropoutScaleCorrection(double dropout_p, DataType mask_dtype) {
@@ -171,6 +190,71 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
   launchKernel(kernel, static_cast<unsigned>(grid_x), 256, currentStream(device), &params, 0,
                static_cast<unsigned>(grid_y));
   return mask;
+}
+
+namespace {
+// O / dropout_scale as a dense tensor, read through its strides: a block per row of the last axis
+// (the row's other indices divided out once per block), its threads along the row.
+const char* const kScaledOutputKernel = R"(
+struct ScaleParams {
+  const void* in;
+  void* out;
+  i64 size[3];    // the leading three axes (the last is `cols`)
+  i64 stride[4];  // the input's strides, in elements
+  i64 rows, cols;
+  float factor;
+  int bf16;
+};
+extern "C" __global__ void meshfuse_scaled_output(ScaleParams p) {
+  for (i64 row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const i64 i2 = row % p.size[2], i1 = (row / p.size[2]) % p.size[1], i0 = row / (p.size[2] * p.size[1]);
+    const i64 base = i0 * p.stride[0] + i1 * p.stride[1] + i2 * p.stride[2];
+    for (i64 c = threadIdx.x; c < p.cols; c += blockDim.x) {
+      const i64 from = base + c * p.stride[3], to = row * p.cols + c;
+      if (p.bf16) {
+        const __nv_bfloat16 x = static_cast<const __nv_bfloat16*>(p.in)[from];
+        static_cast<__nv_bfloat16*>(p.out)[to] = __float2bfloat16(__bfloat162float(x) * p.factor);
+      } else {
+        const __half x = static_cast<const __half*>(p.in)[from];
+        static_cast<__half*>(p.out)[to] = __float2half(__half2float(x) * p.factor);
+      }
+    }
+  }
+}
+)";
+
+struct ScaleParams {
+  const void* in;
+  void* out;
+  long long size[3];
+  long long stride[4];
+  long long rows, cols;
+  float factor;
+  int bf16;
+};
+}  // namespace
+
+std::string scaledOutputSource() { return kernelPrelude() + kScaledOutputKernel; }
+
+Tensor outputForDropoutBackward(int device, const Tensor& out, float dropout_scale) {
+  if (out.dim() != 4 || (out.dtype() != DataType::BFloat16 && out.dtype() != DataType::Half))
+    throw std::invalid_argument("outputForDropoutBackward: a 4-D BFloat16 or Half tensor, got " +
+                                shapeToString(out.shape()) + " " + toString(out.dtype()));
+  Tensor scaled = Tensor::empty(out.shape(), out.dtype(), Device::cuda(device));
+  ScaleParams params{out.data(),
+                     scaled.data(),
+                     {out.size(0), out.size(1), out.size(2)},
+                     {out.strides()[0], out.strides()[1], out.strides()[2], out.strides()[3]},
+                     out.size(0) * out.size(1) * out.size(2),
+                     out.size(3),
+                     1.0F / dropout_scale,
+                     out.dtype() == DataType::BFloat16 ? 1 : 0};
+  if (scaled.numel() == 0) return scaled;
+  KernelFunction kernel = cachedKernel(
+      device, "meshfuse_scaled_output", [] { return scaledOutputSource(); }, "meshfuse_scaled_output");
+  const int64_t grid = std::min<int64_t>(params.rows, int64_t{multiprocessorCount(device)} * 32);
+  launchKernel(kernel, static_cast<unsigned>(grid), 128, currentStream(device), &params);
+  return scaled;
 }
 
 namespace {

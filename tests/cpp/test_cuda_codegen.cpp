@@ -724,39 +724,47 @@ TEST(DropoutMaskCodegen, CompilesForSm90) {
   EXPECT_FALSE(cuda::compileToCubin(cuda::storeInt64Source(), "store_int64", "sm_90").empty());
 }
 
-// Without the narrow mask (MESHFUSE_ATTENTION_NARROW_MASK=0) a kept element holds the keep scale
-// 1 / (1 - p): in the io dtype where that dtype holds it exactly, else in fp32 (so CUDA scales by the
-// very float the CPU kernel does). By default the mask is in the io dtype whatever p is.
-TEST(DropoutMaskCodegen, MaskDtypeHoldsTheKeepScaleExactly) {
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.2, DataType::BFloat16, false), DataType::BFloat16);  // 1.25
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.5, DataType::BFloat16, false), DataType::BFloat16);  // 2
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.75, DataType::Half, false), DataType::Half);         // 4
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16, false), DataType::Float);     // 1.111...
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::Half, false), DataType::Float);
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.25, DataType::BFloat16, false), DataType::Float);  // 1.333...
-  const char* env = std::getenv("MESHFUSE_ATTENTION_NARROW_MASK");
-  const bool narrow = env == nullptr || std::string(env) != "0";
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16), narrow ? DataType::BFloat16 : DataType::Float);
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.2, DataType::Half), DataType::Half);
+// An exact mask (MESHFUSE_ATTENTION_MASK=exact) holds the keep scale 1 / (1 - p): in the io dtype
+// where that dtype holds it exactly, else in fp32 (so CUDA scales by the very float the CPU kernel
+// does). A narrow one is in the io dtype whatever p is, a byte one is Bool; narrow is the default.
+TEST(DropoutMaskCodegen, MaskDtypeFollowsTheWidth) {
+  using cuda::MaskWidth;
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.2, DataType::BFloat16, MaskWidth::Exact), DataType::BFloat16);  // 1.25
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.5, DataType::BFloat16, MaskWidth::Exact), DataType::BFloat16);  // 2
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.75, DataType::Half, MaskWidth::Exact), DataType::Half);         // 4
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16, MaskWidth::Exact), DataType::Float);     // 1.111...
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::Half, MaskWidth::Exact), DataType::Float);
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.25, DataType::BFloat16, MaskWidth::Exact), DataType::Float);  // 1.333...
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16, MaskWidth::Narrow), DataType::BFloat16);
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::Half, MaskWidth::Byte), DataType::Bool);
+  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16),
+            cuda::dropoutMaskDataType(0.1, DataType::BFloat16, cuda::maskWidthFromEnvironment()));
+  const char* env = std::getenv("MESHFUSE_ATTENTION_MASK");
+  if (env == nullptr) EXPECT_EQ(cuda::maskWidthFromEnvironment(), MaskWidth::Narrow);
 }
 
-// A narrow mask holds the keep scale rounded to the attention's dtype; cuDNN's dropout scale input
-// then carries the correction, so their product is the keep scale to float rounding.
-TEST(DropoutMaskCodegen, NarrowMaskCarriesTheScaleCorrection) {
+// The mask's value times cuDNN's dropout scale is the keep scale to float rounding: a narrow mask's
+// rounded scale is corrected, a 0/1 mask leaves it all to the dropout scale, an exact mask none.
+TEST(DropoutMaskCodegen, DropoutScaleCarriesWhatTheMaskDoesNot) {
   for (DataType io : {DataType::BFloat16, DataType::Half}) {
     for (double p : {0.1, 0.2, 0.25, 0.5}) {
-      const DataType dtype = cuda::dropoutMaskDataType(p, io, true);
+      const DataType dtype = cuda::dropoutMaskDataType(p, io, cuda::MaskWidth::Narrow);
       EXPECT_EQ(dtype, io);
       const float correction = cuda::dropoutScaleCorrection(p, dtype);
       const float rounded = dtype == DataType::BFloat16 ? bf16ToFloat(floatToBf16(static_cast<float>(1 / (1 - p))))
                                                         : halfToFloat(floatToHalf(static_cast<float>(1 / (1 - p))));
       EXPECT_NEAR(rounded * correction, 1 / (1 - p), 1e-6) << toString(io) << " p " << p;
       EXPECT_LT(std::abs(correction - 1), io == DataType::BFloat16 ? 4e-3 : 5e-4) << toString(io) << " p " << p;
+      EXPECT_FLOAT_EQ(cuda::dropoutScaleCorrection(p, DataType::Bool), static_cast<float>(1 / (1 - p)));
     }
-    EXPECT_EQ(cuda::dropoutMaskDataType(0.1, io, false), DataType::Float);
+    EXPECT_EQ(cuda::dropoutMaskDataType(0.1, io, cuda::MaskWidth::Exact), DataType::Float);
     EXPECT_EQ(cuda::dropoutScaleCorrection(0.1, DataType::Float), 1.0F);
     EXPECT_EQ(cuda::dropoutScaleCorrection(0.5, io), 1.0F);
   }
+}
+
+TEST(DropoutMaskCodegen, ScaledOutputCompilesForSm90) {
+  EXPECT_FALSE(cuda::compileToCubin(cuda::scaledOutputSource(), "scaled_output", "sm_90").empty());
 }
 
 TEST(VectorizedCopyCodegen, CompilesForSm90) {

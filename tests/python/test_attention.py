@@ -319,15 +319,19 @@ def test_cuda_matches_float64_reference(rng, causal, d):
 
 @pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("p", [0.2, 0.1], ids=["p0.2-bf16-mask", "p0.1-fp32-mask"])
+@pytest.mark.parametrize("p", [0.2, 0.1], ids=["p0.2", "p0.1"])
 @pytest.mark.parametrize("shape", [(2, 3, 64, 64, 64), (2, 3, 200, 330, 64), (1, 2, 130, 70, 128)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_cuda_dropout_forward_and_backward_match_float64(shape, p, causal):
-    # cuDNN applies meshfuse's Philox mask (its custom-mask input, holding the keep scale: a bf16
-    # mask where bf16 holds 1 / (1 - p) exactly, p = 0.2, else fp32), so out and every gradient match
-    # the float64 reference built with the mask the returned seed and offset imply. Before the scale
-    # moved into the mask, dQ and dK were off by P * D * p / (1 - p) (runtime/cuda/dropout_mask.h).
+@pytest.mark.parametrize("width", ["narrow", "exact", "byte"])
+def test_cuda_dropout_forward_and_backward_match_float64(shape, p, causal, width, monkeypatch):
+    # cuDNN applies meshfuse's Philox mask (its custom-mask input) in each MESHFUSE_ATTENTION_MASK
+    # width: the keep scale rounded to bf16 (narrow), exactly (exact: fp32 where bf16 rounds it), or
+    # 0/1 bytes (byte), the rest of the scale through cuDNN's dropout scale. Out and every gradient
+    # match the float64 reference built with the mask the returned seed and offset imply. A 0/1 mask
+    # with the whole scale in cuDNN's input put dQ and dK off by P * D * p / (1 - p) until the backward
+    # took O divided by that scale (runtime/cuda/dropout_mask.h).
     import torch
+    monkeypatch.setenv("MESHFUSE_ATTENTION_MASK", width)
     rng = np.random.default_rng(22)
     b, h, sq, skv, d = shape
     q, k, v = qkv(rng, b, h, sq, skv, d)
@@ -346,12 +350,24 @@ def test_cuda_dropout_forward_and_backward_match_float64(shape, p, causal):
 
 
 @pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
-def test_cuda_drops_the_elements_its_seed_implies():
+def test_cuda_rejects_an_unknown_mask_width(monkeypatch):
+    import torch
+    monkeypatch.setenv("MESHFUSE_ATTENTION_MASK", "wide")
+    fd = forward_fusion([[1, 1, 16, 64]] * 3, dtype=BF16, dropout_p=0.1, is_causal=False)
+    x = torch.zeros([1, 1, 16, 64], dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(Exception, match="MESHFUSE_ATTENTION_MASK=wide is not one of"):
+        fd.execute([x, x, x])
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+@pytest.mark.parametrize("width", ["narrow", "byte"])
+def test_cuda_drops_the_elements_its_seed_implies(width, monkeypatch):
     # With V = identity (s_kv = d) the output is the dropped, rescaled probability matrix itself, so
     # the elements cuDNN zeroed are read off directly. They must be exactly those that the returned
     # (philox_seed, philox_offset) imply through fd.ops.uniform, the mask the CPU kernel applies
     # (test_dropout_mask_is_the_one_the_seed_implies): meshfuse's Philox mask is cuDNN's input.
     import torch
+    monkeypatch.setenv("MESHFUSE_ATTENTION_MASK", width)
     rng = np.random.default_rng(21)
     b, h, s, p = 2, 3, 64, 0.3
     q, k = (rng.standard_normal([b, h, s, s]).astype(np.float32) * 0.3 for _ in range(2))
