@@ -84,33 +84,36 @@ void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int
   }
 }
 
-// Row reductions in kLanes partial results, so that GCC vectorizes them without -ffast-math
-// (a single running max or sum is a serial dependency it must not reorder).
-constexpr int64_t kLanes = 8;
-
+// The largest of x[0, n) and init. An OpenMP simd reduction, so that GCC vectorizes it without
+// -ffast-math (a plain running max is a serial dependency it must not reorder; perf showed the
+// earlier eight-lane array version running as scalar vmaxss, a fifth of the forward's row time).
 template <typename T>
-[[gnu::always_inline]] inline T rowMax(const T* x, int64_t n, T init) {
-  T lanes[kLanes];
-  std::fill(lanes, lanes + kLanes, init);
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = std::max(lanes[l], x[c + l]);
-  for (; c < n; ++c) lanes[0] = std::max(lanes[0], x[c]);
-  return *std::max_element(lanes, lanes + kLanes);
+[[gnu::always_inline]] inline T rowMax(const T* __restrict x, int64_t n, T init) {
+  T mx = init;
+#pragma omp simd reduction(max : mx)
+  for (int64_t c = 0; c < n; ++c) mx = x[c] > mx ? x[c] : mx;
+  return mx;
 }
 
-// x[c] = e^(x[c] - shift) for c < n; returns their sum.
+// x[c] = e^(x[c] - shift) for c < n, returning their sum; then, with z, x[c] *= z[c] (the dropout
+// multipliers, after the sum: the normalizer sums the probabilities before dropout). One pass.
 template <typename T>
-[[gnu::always_inline]] inline T expShiftSum(T* x, int64_t n, T shift) {
-#pragma omp simd
-  for (int64_t c = 0; c < n; ++c) x[c] = expOf<T>(x[c] - shift);
-  T lanes[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[c + l];
-  for (; c < n; ++c) lanes[0] += x[c];
+[[gnu::always_inline]] inline T expShiftSum(T* __restrict x, const T* __restrict z, int64_t n, T shift) {
   T sum = 0;
-  for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
+  if (z == nullptr) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < n; ++c) {
+      x[c] = expOf<T>(x[c] - shift);
+      sum += x[c];
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < n; ++c) {
+      const T e = expOf<T>(x[c] - shift);
+      sum += e;
+      x[c] = e * z[c];
+    }
+  }
   return sum;
 }
 
@@ -131,15 +134,13 @@ MESHFUSE_SIMD_CLONES void onlineSoftmaxTile(const AttentionParams& p, int64_t i0
       continue;
     }
     const T alpha = expOf<T>(m[r] - mx);  // rescales what earlier tiles summed
-    const T sum = expShiftSum(row, visible, mx);
+    const T sum = expShiftSum(row, acc != nullptr && z != nullptr ? z + r * bk : nullptr, visible, mx);
     std::fill(row + visible, row + bk, T(0));
     l[r] = l[r] * alpha + sum;
     m[r] = mx;
-    if (acc == nullptr) continue;
-    if (alpha != T(1))
-      for (int64_t c = 0; c < dv; ++c) acc[r * dv + c] *= alpha;
-    if (z != nullptr)
-      for (int64_t c = 0; c < visible; ++c) row[c] *= z[r * bk + c];
+    if (acc == nullptr || alpha == T(1)) continue;
+#pragma omp simd
+    for (int64_t c = 0; c < dv; ++c) acc[r * dv + c] *= alpha;
   }
 }
 
@@ -151,6 +152,7 @@ MESHFUSE_SIMD_CLONES void probabilitiesFromLse(const AttentionParams& p, int64_t
     T* row = s + r * bk;
     const int64_t visible = visibleKeys(p, i0 + r, j0, bk);
     const T shift = lse[i0 + r];
+#pragma omp simd
     for (int64_t c = 0; c < visible; ++c) row[c] = expOf<T>(row[c] - shift);
     std::fill(row + visible, row + bk, T(0));
   }
