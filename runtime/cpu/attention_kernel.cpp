@@ -242,19 +242,22 @@ void attentionBackwardHead(const AttentionParams& p, const HeadPointers<T>& head
     // Causal: queries before j0 see none of these keys.
     for (int64_t i0 = p.causal ? j0 : 0; i0 < sq; i0 += kTileQ) {
       const int64_t bq = std::min(kTileQ, sq - i0);
-      gemm(false, true, bq, bk, d, scale, head.q + i0 * d, d, head.k + j0 * d, d, T(0), s.data(), bk);
-      probabilitiesFromLse<T>(p, i0, j0, bq, bk, head.lse, s.data());
+      // Causal: the tile's keys past its last query are masked for all of its rows, so the products
+      // stop there (the diagonal query tile of a key tile twice as wide does half the work).
+      const int64_t kv = p.causal ? std::min(bk, i0 + bq - j0) : bk;
+      gemm(false, true, bq, kv, d, scale, head.q + i0 * d, d, head.k + j0 * d, d, T(0), s.data(), kv);
+      probabilitiesFromLse<T>(p, i0, j0, bq, kv, head.lse, s.data());
       const T* probs = s.data();
       if (dropout) {
-        dropoutTile(p, head.b, head.h, i0, j0, bq, bk, z.data());
-        multiplyInto<T>(s.data(), z.data(), bq * bk, pd.data());
+        dropoutTile(p, head.b, head.h, i0, j0, bq, kv, z.data());
+        multiplyInto<T>(s.data(), z.data(), bq * kv, pd.data());
         probs = pd.data();
       }
-      gemm(true, false, bk, dv, bq, T(1), probs, bk, g.grad_out + i0 * dv, dv, T(1), dvv, dv);
-      gemm(false, true, bq, bk, dv, T(1), g.grad_out + i0 * dv, dv, head.v + j0 * dv, dv, T(0), dp.data(), bk);
-      scoreGradTile<T>(i0, bq, bk, s.data(), dropout ? z.data() : nullptr, dsum.data(), dp.data());  // dS
-      gemm(true, false, bk, d, bq, scale, dp.data(), bk, head.q + i0 * d, d, T(1), dk, d);
-      gemm(false, false, bq, d, bk, scale, dp.data(), bk, head.k + j0 * d, d, T(1), g.grad_q + i0 * d, d);
+      gemm(true, false, kv, dv, bq, T(1), probs, kv, g.grad_out + i0 * dv, dv, T(1), dvv, dv);
+      gemm(false, true, bq, kv, dv, T(1), g.grad_out + i0 * dv, dv, head.v + j0 * dv, dv, T(0), dp.data(), kv);
+      scoreGradTile<T>(i0, bq, kv, s.data(), dropout ? z.data() : nullptr, dsum.data(), dp.data());  // dS
+      gemm(true, false, kv, d, bq, scale, dp.data(), kv, head.q + i0 * d, d, T(1), dk, d);
+      gemm(false, false, bq, d, kv, scale, dp.data(), kv, head.k + j0 * d, d, T(1), g.grad_q + i0 * d, d);
     }
   }
 }
