@@ -32,7 +32,7 @@ std::string dropoutMaskSource();
 // MESHFUSE_ATTENTION_MASK=narrow|byte|exact picks it, read at each call. Narrow is the default (on the
 // H200, GPT-3 attention shape, causal, p = 0.1: forward 87 -> 109 TFLOP/s and backward 60 -> 84 against
 // Exact, gradients within the float64 tests' bounds). Byte halves the bytes again; it is built and its
-// kernels compile, but it has not yet run on a GPU (none was lent in session 12): the GPU tests run it
+// kernels compile, but it has not yet run on a GPU (none could be had in sessions 12-13): the GPU tests run it
 // beside Narrow (tests/python/test_attention.py), and it becomes the default once they pass.
 enum class MaskWidth { Byte, Narrow, Exact };
 MaskWidth maskWidthFromEnvironment();
