@@ -319,6 +319,9 @@ def test_long_pointwise_chain_reusing_tile_buffers(rng, n):
         t = t * 0.5 + np.tanh(t) if i % 2 else t - y64 * 0.25
         if i == 11:
             mid = t
-    np.testing.assert_allclose(got_mid, mid, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got, t * x64 + mid, rtol=1e-5, atol=1e-5)
+    # Twenty-four float steps drift from float64 where t * x and mid cancel: over 20 draws the worst
+    # element was 1.4-1.6x a 1e-5 bound (with either tanh the library has had). A buffer handed to the
+    # wrong value is off by the size of the values themselves, far past this bound.
+    np.testing.assert_allclose(got_mid, mid, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, t * x64 + mid, rtol=1e-4, atol=1e-4)
     assert launches(fd) == ["pointwise"]
