@@ -93,8 +93,8 @@ struct Built {
   DataType mask_dtype = DataType::Float;  // what the dropout mask input holds (dropout_mask.h)
 };
 
-// A dtype for the dropout mask, as meshfuse holds it and as the graph declares it (a Bool mask may be
-// declared BOOLEAN or UINT8, whichever the cuDNN in use supports).
+// A dtype for the dropout mask, as meshfuse holds it and as the graph declares it (a Bool mask is
+// declared UINT8).
 struct MaskType {
   DataType dtype;
   fe::DataType_t declared;
@@ -197,13 +197,14 @@ int maskKey(const AttentionParams& p, DataType dtype) {
   return p.dropout_p > 0 ? 1 + static_cast<int>(dropoutMaskDataType(p.dropout_p, dtype)) : 0;
 }
 
-// The dtypes to try for the dropout mask, best first: a Bool mask as BOOLEAN, then as UINT8, then the
-// attention's own dtype (narrow) where this cuDNN takes neither; a narrow or exact mask as it is.
+// The dtypes to try for the dropout mask, best first: a Bool mask (bytes, 0 or 1) declared UINT8, else
+// the attention's own dtype (narrow) where this cuDNN does not take it; a narrow or exact mask as it
+// is. Not BOOLEAN, which cuDNN may read bit-packed (eight elements a byte; the probe,
+// scripts/cudnn-mask-probe.cu, runs a bool mask to find out).
 std::vector<MaskType> maskTypes(const AttentionParams& p, DataType dtype) {
   if (p.dropout_p <= 0) return {{DataType::Float, fe::DataType_t::FLOAT}};  // no mask input
   const DataType wanted = dropoutMaskDataType(p.dropout_p, dtype);
-  if (wanted == DataType::Bool)
-    return {{DataType::Bool, fe::DataType_t::BOOLEAN}, {DataType::Bool, fe::DataType_t::UINT8}, {dtype, ioType(dtype)}};
+  if (wanted == DataType::Bool) return {{DataType::Bool, fe::DataType_t::UINT8}, {dtype, ioType(dtype)}};
   return {{wanted, wanted == DataType::Float ? fe::DataType_t::FLOAT : ioType(dtype)}};
 }
 
