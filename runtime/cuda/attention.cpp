@@ -192,18 +192,17 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
   return b;
 }
 
-// What the graph's dropout input is: 0 none, else 1 + the mask's dtype.
-int maskKey(const AttentionParams& p, DataType dtype) {
-  return p.dropout_p > 0 ? 1 + static_cast<int>(dropoutMaskDataType(p.dropout_p, dtype)) : 0;
+// What the graph's dropout input is: 0 none, else 1 + the dtype of the mask asked for.
+int maskKey(const AttentionParams& p, DataType wanted_mask) {
+  return p.dropout_p > 0 ? 1 + static_cast<int>(wanted_mask) : 0;
 }
 
 // The dtypes to try for the dropout mask, best first: a Bool mask (bytes, 0 or 1) declared UINT8, else
 // the attention's own dtype (narrow) where this cuDNN does not take it; a narrow or exact mask as it
 // is. Not BOOLEAN, which cuDNN may read bit-packed (eight elements a byte; the probe,
 // scripts/cudnn-mask-probe.cu, runs a bool mask to find out).
-std::vector<MaskType> maskTypes(const AttentionParams& p, DataType dtype) {
+std::vector<MaskType> maskTypes(const AttentionParams& p, DataType dtype, DataType wanted) {
   if (p.dropout_p <= 0) return {{DataType::Float, fe::DataType_t::FLOAT}};  // no mask input
-  const DataType wanted = dropoutMaskDataType(p.dropout_p, dtype);
   if (wanted == DataType::Bool) return {{DataType::Bool, fe::DataType_t::UINT8}, {dtype, ioType(dtype)}};
   return {{wanted, wanted == DataType::Float ? fe::DataType_t::FLOAT : ioType(dtype)}};
 }
@@ -211,18 +210,19 @@ std::vector<MaskType> maskTypes(const AttentionParams& p, DataType dtype) {
 // The graph for these parameters and input strides. cuDNN reads strided q, k, v (o, dO) in place,
 // as the transformer's q/k/v views of the fused qkv projection arrive; when it refuses a layout,
 // the graph is built for dense inputs instead (and the call binds dense copies). Each layout tries
-// the mask dtypes in maskTypes' order; the last one's error is the one raised.
+// the mask dtypes in maskTypes' order; the last one's error is the one raised. `wanted_mask` is
+// dropoutMaskDataType's answer, read once per call.
 std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionParams& p, DataType dtype,
-                                   const InputStrides& strides) {
+                                   DataType wanted_mask, const InputStrides& strides) {
   static std::mutex mu;
   static std::map<Key, std::shared_ptr<Built> > cache;
   const Key key{
       device,   forward, static_cast<int>(dtype), p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.head_dim_v,
-      p.causal, p.scale, maskKey(p, dtype),       strides};
+      p.causal, p.scale, maskKey(p, wanted_mask), strides};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const std::vector<MaskType> mask_types = maskTypes(p, dtype);
+  const std::vector<MaskType> mask_types = maskTypes(p, dtype, wanted_mask);
   auto tryBuild = [&](const InputStrides* layout, bool last_layout) -> std::shared_ptr<Built> {
     for (size_t m = 0; m < mask_types.size(); ++m) {
       try {
@@ -291,18 +291,19 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
               : std::vector<std::pair<const char*, size_t> >{
                     {"dO", kBwdGradOut}, {"q", kBwdQ}, {"k", kBwdK}, {"v", kBwdV}, {"o", kBwdOut}};
   const bool dropout = p.dropout_p > 0;
+  // The mask MESHFUSE_ATTENTION_MASK asks for (the graph may fall back to another, built->mask_dtype).
+  const DataType wanted_mask = dropout ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
   InputStrides strides;
   std::set<std::string> in_place;  // the inputs whose own layout the strided graph describes
   for (const auto& [name, index] : strided_inputs) {
     // Behind a 0/1 mask the backward binds a dense O divided by the dropout scale (below).
-    const bool rescaled =
-        dropout && !forward && std::string(name) == "o" && dropoutMaskDataType(p.dropout_p, dtype) == DataType::Bool;
+    const bool rescaled = dropout && !forward && std::string(name) == "o" && wanted_mask == DataType::Bool;
     std::vector<int64_t> st = rescaled ? std::vector<int64_t>{} : inPlaceStrides(tensors[index]);
     if (!st.empty()) in_place.insert(name);
     strides[name] = st.empty() ? rowMajor(tensors[index].shape()) : st;
   }
   if (in_place.empty()) strides.clear();  // every input dense: the plain graph
-  auto built = cachedGraph(device, forward, p, dtype, strides);
+  auto built = cachedGraph(device, forward, p, dtype, wanted_mask, strides);
   cudnnHandle_t handle = handleFor(device);
   if (cudnnSetStream(handle, currentStream(device)) != CUDNN_STATUS_SUCCESS)
     throw std::runtime_error("cuDNN attention: cudnnSetStream failed");

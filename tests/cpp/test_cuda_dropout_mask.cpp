@@ -2,8 +2,8 @@
 // stream drawn one element at a time on the CPU (philox::drawElement at the element's global index,
 // AttentionParams::dropoutIndex): rows whose length is odd (s_kv = 17, 1001) so that rows start and
 // end mid-counter, a sharded (batch, head) block, causal rows (0 past the diagonal), and every mask
-// dtype (Bool: 0/1 bytes). Also the backward's O divided by the dropout scale, read through strides. Skipped without a
-// GPU (the kernel's source compiles in test_cuda_codegen.cpp).
+// dtype (Bool: 0/1 bytes). Also the backward's O divided by the dropout scale, read through strides.
+// Skipped without a GPU (the kernel's source compiles in test_cuda_codegen.cpp).
 #include <gtest/gtest.h>
 
 #if MESHFUSE_HAVE_CUDA
