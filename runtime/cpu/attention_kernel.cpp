@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "runtime/cpu/aligned_buffer.h"
 #include "runtime/cpu/fast_exp.h"
 #include "runtime/cpu/philox_block.h"
 #include "runtime/cpu/simd_clones.h"
@@ -57,7 +58,7 @@ MESHFUSE_SIMD_CLONES void keepMultipliers(const uint32_t* __restrict w, int64_t 
 template <typename T>
 void dropoutTile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64_t j0, int64_t bq, int64_t bk, T* z) {
   constexpr int64_t kRowCounters = kTileK / 4 + 2;  // a row of bk elements starting mid-counter
-  struct Scratch {
+  struct alignas(kCacheLine) Scratch {
     uint64_t counter[kTileQ * kRowCounters];
     uint32_t words[4 * kTileQ * kRowCounters];
     int64_t row_word[kTileQ];  // where the row's first element's word sits in `words`
@@ -191,8 +192,8 @@ void attentionForwardHead(const AttentionParams& p, const HeadPointers<T>& head)
   const bool dropout = values && p.dropout_p > 0;
   const T scale = static_cast<T>(p.scale);
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  std::vector<T> s(kTileQ * kTileK), z(dropout ? kTileQ * kTileK : 0), acc(values ? kTileQ * dv : 0);
-  std::vector<T> m(kTileQ), l(kTileQ);
+  AlignedVector<T> s(kTileQ * kTileK), z(dropout ? kTileQ * kTileK : 0), acc(values ? kTileQ * dv : 0);
+  AlignedVector<T> m(kTileQ), l(kTileQ);
   for (int64_t i0 = 0; i0 < sq; i0 += kTileQ) {
     const int64_t bq = std::min(kTileQ, sq - i0);
     std::fill(m.begin(), m.end(), kNegInf);
@@ -225,7 +226,7 @@ void attentionBackwardHead(const AttentionParams& p, const HeadPointers<T>& head
   const int64_t sq = p.seq_q, skv = p.seq_kv, d = p.head_dim, dv = p.head_dim_v;
   const bool dropout = p.dropout_p > 0;
   const T scale = static_cast<T>(p.scale);
-  std::vector<T> s(kTileQ * kTileK), dp(kTileQ * kTileK), pd(dropout ? kTileQ * kTileK : 0),
+  AlignedVector<T> s(kTileQ * kTileK), dp(kTileQ * kTileK), pd(dropout ? kTileQ * kTileK : 0),
       z(dropout ? kTileQ * kTileK : 0), dsum(sq);
   for (int64_t i = 0; i < sq; ++i) {
     T acc = 0;

@@ -12,10 +12,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <stdexcept>
 #include <unordered_map>
 
+#include "runtime/cpu/aligned_buffer.h"
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/element_traits.h"
 #include "runtime/cpu/pointwise_math.h"
@@ -290,18 +290,18 @@ MESHFUSE_SIMD_CLONES void accumulateChunk(double* __restrict acc, const T* __res
 // The buffers and scalars of one thread (row homes) and the shared ones.
 template <typename T>
 struct Frame {
-  std::vector<std::unique_ptr<T[]>> row_buffers;
+  std::vector<AlignedVector<T>> row_buffers;
   std::vector<const T*> row_ptr;  // a row buffer, or an input's memory read in place
   // Per row buffer: the output row it is written straight into (a contiguous output of type T),
   // or null. Saves copying the finished row from the buffer to the output.
   std::vector<T*> direct;
   std::vector<T> row_scalars;
-  std::vector<std::vector<double>> accumulators;
+  std::vector<AlignedVector<double>> accumulators;
 };
 
 template <typename T>
 struct Shared {
-  std::vector<std::vector<T>> columns;
+  std::vector<AlignedVector<T>> columns;
   std::vector<T> scalars;
 };
 
@@ -309,7 +309,7 @@ template <typename T>
 class Runner {
  public:
   explicit Runner(const Kernel<T>& k) : k_(k), n_(k.plan.row_length), in_place_(inPlaceOutputs(k)) {
-    shared_.columns.assign(k.columns, std::vector<T>(static_cast<size_t>(n_)));
+    shared_.columns.assign(k.columns, AlignedVector<T>(static_cast<size_t>(n_)));
     shared_.scalars.assign(k.shared, T(0));
   }
 
@@ -334,10 +334,9 @@ class Runner {
  private:
   Frame<T> newFrame() const {
     Frame<T> f;
-    for (int i = 0; i < k_.row_buffers; ++i)
-      f.row_buffers.emplace_back(new T[static_cast<size_t>(std::max<int64_t>(n_, 1))]);
+    for (int i = 0; i < k_.row_buffers; ++i) f.row_buffers.emplace_back(static_cast<size_t>(std::max<int64_t>(n_, 1)));
     f.row_ptr.resize(k_.row_buffers);
-    for (int i = 0; i < k_.row_buffers; ++i) f.row_ptr[i] = f.row_buffers[i].get();
+    for (int i = 0; i < k_.row_buffers; ++i) f.row_ptr[i] = f.row_buffers[i].data();
     f.direct.assign(k_.row_buffers, nullptr);
     f.row_scalars.assign(k_.row_scalars, T(0));
     for (size_t a = 0; a < k_.accumulator_max.size(); ++a)
@@ -371,7 +370,7 @@ class Runner {
   }
   T* writable(const Ref& r, Frame<T>& f) {
     if (r.home == Home::RowBuffer) {
-      T* dst = f.direct[r.index] != nullptr ? f.direct[r.index] : f.row_buffers[r.index].get();
+      T* dst = f.direct[r.index] != nullptr ? f.direct[r.index] : f.row_buffers[r.index].data();
       f.row_ptr[r.index] = dst;
       return dst;
     }

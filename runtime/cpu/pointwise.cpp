@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "runtime/cpu/aligned_buffer.h"
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/element_traits.h"
 #include "runtime/cpu/philox_block.h"
@@ -312,7 +313,7 @@ struct TileWords {
 TileWords tileWords(const RandomIndexing& r, int w, int64_t start, int64_t n) {
   // Per thread (48 KiB: not for the stack of every call). At most n counters: a counter holds at
   // least one element.
-  struct Scratch {
+  struct alignas(kCacheLine) Scratch {
     uint64_t counter[kTile];
     uint32_t words[4 * kTile];
     uint32_t pos[kTile];
@@ -347,8 +348,8 @@ void fillRandom(const Step& s, int64_t start, T* out, int64_t n) {
   const bool normal = s.op == OpType::Normal;
   const TileWords t = tileWords(r, philox::wordsPerElement(normal, r.wide), start, n);
   if (!normal && !r.wide) {  // one word an element: the vectorized formula over the words in a row
-    thread_local uint32_t gathered[kTile];
-    thread_local float uniform[kTile];
+    alignas(kCacheLine) thread_local uint32_t gathered[kTile];
+    alignas(kCacheLine) thread_local float uniform[kTile];
     const uint32_t* w = t.of(0);
     if (t.pos) {
       for (int64_t i = 0; i < n; ++i) gathered[i] = t.words[t.pos[i]];
@@ -450,13 +451,13 @@ void runProgram(const Program& p) {
   const int64_t tiles = (numel + tile_len - 1) / tile_len;
 #pragma omp parallel if (numel >= kParallelThreshold)
   {
-    std::unique_ptr<T[]> scratch(new T[static_cast<size_t>(p.num_slots * tile_len)]);
+    AlignedVector<T> scratch(static_cast<size_t>(p.num_slots * tile_len));
     std::vector<const T*> ptr(p.num_slots, nullptr);
 #pragma omp for schedule(static)
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int64_t start = tile * tile_len, len = std::min(tile_len, numel - start);
       for (const Load& l : p.loads) {
-        T* buf = scratch.get() + l.slot * tile_len;
+        T* buf = scratch.data() + l.slot * tile_len;
         dispatchStorage(l.tensor->dtype(), [&](auto tag) {
           using S = typename decltype(tag)::type;
           const S* base = l.tensor->dataAs<const S>();
@@ -471,7 +472,7 @@ void runProgram(const Program& p) {
         });
       }
       for (const Step& s : p.steps) {
-        T* out = s.direct_out ? s.direct_out->dataAs<T>() + start : scratch.get() + s.out * tile_len;
+        T* out = s.direct_out ? s.direct_out->dataAs<T>() + start : scratch.data() + s.out * tile_len;
         runStep<T>(s, ptr, out, start, len);
         ptr[s.out] = out;
       }
