@@ -52,9 +52,9 @@ inline uint16_t floatToHalf(float f) {
   std::memcpy(&bits, &f, 4);
   uint32_t sign = (bits >> 16) & 0x8000u;
   uint32_t absbits = bits & 0x7fffffffu;
-  if (absbits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absbits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (absbits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (absbits < 0x38800000u) {  // result is subnormal or zero
+  if (absbits < 0x38800000u) {                                               // result is subnormal or zero
     if (absbits < 0x33000000u) return static_cast<uint16_t>(sign);
     // value * 2^24 is the subnormal half's integer mantissa: shift the 24-bit float mantissa.
     uint32_t exp = absbits >> 23;

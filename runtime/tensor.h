@@ -37,7 +37,8 @@ Allocator* cpuAllocator();
 Allocator* allocatorFor(Device device);
 // Copies `bytes` between host and device memory (either side may be CUDA); provided by the CUDA
 // runtime (runtime/cuda/), absent (nullptr) in a build without CUDA. Synchronous.
-void cudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) __attribute__((weak));
+void cudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes)
+    __attribute__((weak));
 
 // Bytes currently allocated through cpuAllocator() (for leak tests).
 int64_t cpuBytesInUse();

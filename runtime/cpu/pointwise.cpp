@@ -17,7 +17,9 @@
 #include "runtime/cpu/aligned_buffer.h"
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/element_traits.h"
+#include "runtime/cpu/host_compiler.h"
 #include "runtime/cpu/philox_block.h"
+#include "runtime/cpu/pointwise_codegen.h"
 #include "runtime/cpu/pointwise_math.h"
 #include "runtime/cpu/simd_clones.h"
 #include "runtime/cpu/strided_space.h"
@@ -31,6 +33,10 @@ namespace {
 constexpr int64_t kTile = 1024;                  // the most elements per tile (tileLength)
 constexpr int64_t kParallelThreshold = 1 << 15;  // below this many elements threads cost more than they save
 constexpr int64_t kMaxRank = 16;                 // gatherTile's index array
+// MESHFUSE_CPU_CODEGEN=auto compiles a program when it has at least this many element-ops per call
+// (elements times steps): the layer's [512, 1024] five-op backward chains and up. A compile takes
+// about 0.3 s once per machine (host_compiler.h); small programs, most of the tests', stay interpreted.
+constexpr int64_t kCodegenMinWork = 1 << 21;
 
 enum class ComputeType { Float32, Float64, Int64 };
 
@@ -95,6 +101,11 @@ struct Program {
   std::vector<Store> stores;
   int num_slots = 0;
   ComputeType compute = ComputeType::Float32;
+  // The steps compiled into one loop over registers (pointwise_codegen.h), or null: the interpreter
+  // runs them. The random steps (drawn) still run here first, each into buffer num_slots + k, and
+  // the kernel reads them as inputs after the loads.
+  TileKernel kernel = nullptr;
+  std::vector<size_t> drawn;
 };
 
 bool isIntegerExact(OpType op) {
@@ -226,6 +237,39 @@ void packSlots(Program& p) {
   p.num_slots = count;
 }
 
+// Compiles the program's steps into one loop (MESHFUSE_CPU_CODEGEN, host_compiler.h) where they
+// compute in float and the program is large enough; leaves the interpreter to run them otherwise.
+void attachKernel(Program& p) {
+  if (p.compute != ComputeType::Float32) return;
+  const CodegenMode mode = codegenModeFromEnvironment();
+  const int64_t work = numelOf(p.shape) * static_cast<int64_t>(p.steps.size());
+  if (mode == CodegenMode::Off || (mode == CodegenMode::Auto && work < kCodegenMinWork)) return;
+  TileProgram tp;
+  tp.num_slots = p.num_slots;
+  for (const Load& l : p.loads) tp.input_slots.push_back(l.slot);
+  std::vector<size_t> drawn;
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    const Step& s = p.steps[i];
+    TileProgram::Step t{s.op,
+                        s.cast_to,
+                        {s.a.slot, s.a.scalar},
+                        {s.b.slot, s.b.scalar},
+                        {s.c.slot, s.c.scalar},
+                        s.out,
+                        s.direct_out != nullptr};
+    if (s.random) {
+      t.input = static_cast<int>(p.loads.size() + drawn.size());
+      drawn.push_back(i);
+    }
+    tp.steps.push_back(t);
+  }
+  for (const Store& st : p.stores) tp.final_outputs.push_back(st.slot);
+  const std::optional<std::string> source = tileKernelSource(tp);
+  if (!source) return;
+  p.kernel = compiledTileKernel(*source, kTileKernelSymbol);
+  if (p.kernel != nullptr) p.drawn = std::move(drawn);
+}
+
 Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs, const ValueMap& values,
                      const ShapeMap& shapes) {
   Program p;
@@ -293,6 +337,7 @@ Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs
       p.stores.push_back({slot.at(out), t});
   }
   packSlots(p);
+  attachKernel(p);
   return p;
 }
 
@@ -444,6 +489,26 @@ int64_t tileLength(int num_slots) {
   return std::clamp<int64_t>(fit / 64 * 64, 128, kTile);
 }
 
+// One tile through the compiled kernel: the random steps draw into their own buffers (after the
+// slots' buffers), then the kernel reads the loaded inputs and the draws and writes the outputs:
+// in place into the outputs it computes in float, and into its slot's buffer for each store.
+void runKernelTile(const Program& p, float* scratch, int64_t tile_len, int64_t start, int64_t len,
+                   std::vector<const float*>& ptr, std::vector<const float*>& in, std::vector<float*>& out) {
+  in.clear();
+  out.clear();
+  for (const Load& l : p.loads) in.push_back(ptr[l.slot]);
+  for (size_t k = 0; k < p.drawn.size(); ++k) {
+    float* buf = scratch + (p.num_slots + static_cast<int64_t>(k)) * tile_len;
+    runStep<float>(p.steps[p.drawn[k]], ptr, buf, start, len);
+    in.push_back(buf);
+  }
+  for (const Step& s : p.steps)
+    if (s.direct_out) out.push_back(s.direct_out->dataAs<float>() + start);
+  for (const Store& st : p.stores) out.push_back(scratch + st.slot * tile_len);
+  p.kernel(in.data(), out.data(), static_cast<long>(len));
+  for (const Store& st : p.stores) ptr[st.slot] = scratch + st.slot * tile_len;
+}
+
 template <typename T>
 void runProgram(const Program& p) {
   const int64_t numel = numelOf(p.shape);
@@ -451,8 +516,10 @@ void runProgram(const Program& p) {
   const int64_t tiles = (numel + tile_len - 1) / tile_len;
 #pragma omp parallel if (numel >= kParallelThreshold)
   {
-    AlignedVector<T> scratch(static_cast<size_t>(p.num_slots * tile_len));
+    AlignedVector<T> scratch(static_cast<size_t>((p.num_slots + static_cast<int64_t>(p.drawn.size())) * tile_len));
     std::vector<const T*> ptr(p.num_slots, nullptr);
+    std::vector<const T*> kernel_in;
+    std::vector<T*> kernel_out;
 #pragma omp for schedule(static)
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int64_t start = tile * tile_len, len = std::min(tile_len, numel - start);
@@ -471,7 +538,15 @@ void runProgram(const Program& p) {
           ptr[l.slot] = buf;
         });
       }
-      for (const Step& s : p.steps) {
+      bool compiled = false;
+      if constexpr (std::is_same_v<T, float>) {
+        if (p.kernel != nullptr) {
+          runKernelTile(p, scratch.data(), tile_len, start, len, ptr, kernel_in, kernel_out);
+          compiled = true;
+        }
+      }
+      for (size_t i = 0; !compiled && i < p.steps.size(); ++i) {
+        const Step& s = p.steps[i];
         T* out = s.direct_out ? s.direct_out->dataAs<T>() + start : scratch.data() + s.out * tile_len;
         runStep<T>(s, ptr, out, start, len);
         ptr[s.out] = out;

@@ -1,0 +1,191 @@
+// CPU codegen (runtime/cpu/pointwise_codegen.h, host_compiler.h): generated tile kernels compile
+// with the host's compiler, are cached on disk, and compute what the interpreter does. ctest also
+// reruns the CpuPointwise and CpuRandom suites with MESHFUSE_CPU_CODEGEN=always
+// (tests/CMakeLists.txt), which checks every expressible op against the float64 reference.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ops/ops.h"
+#include "runtime/cpu/fast_exp.h"
+#include "runtime/cpu/host_compiler.h"
+#include "runtime/cpu/pointwise_codegen.h"
+#include "test_cpu_reference.h"
+
+namespace meshfuse {
+namespace {
+
+namespace fs = std::filesystem;
+using cpu::TileProgram;
+
+// Sets an environment variable for the scope of one test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_.empty())
+      ::unsetenv(name_);
+    else
+      ::setenv(name_, old_.c_str(), 1);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+};
+
+fs::path freshCacheDir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("meshfuse-codegen-test-" + std::to_string(getpid()) + "-" + name);
+  fs::remove_all(dir);
+  return dir;
+}
+
+size_t countObjects(const fs::path& dir) {
+  size_t n = 0;
+  if (!fs::exists(dir)) return 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) n += e.path().extension() == ".so" ? 1 : 0;
+  return n;
+}
+
+TileProgram::Step step(OpType op, int a, int b, int out, double sb = 0) {
+  TileProgram::Step s;
+  s.op = op;
+  s.a.slot = a;
+  s.b.slot = b;
+  s.b.scalar = sb;
+  s.out = out;
+  return s;
+}
+
+TEST(CpuCodegen, KernelComputesTheOpsWithTheInterpretersNanAndSelectRules) {
+  const fs::path dir = freshCacheDir("ops");
+  const ScopedEnv cache("MESHFUSE_CACHE_DIR", dir.string());
+  // out0 = max(x, y); out1 = where(x < 0.5, min(x, y), x * 2); out2 = tanh(x) (a final output).
+  TileProgram p;
+  p.num_slots = 6;
+  p.input_slots = {0, 1};
+  TileProgram::Step mx = step(OpType::Max, 0, 1, 2);
+  mx.writes_output = true;
+  p.steps.push_back(mx);
+  p.steps.push_back(step(OpType::Lt, 0, -1, 3, 0.5));
+  p.steps.push_back(step(OpType::Min, 0, 1, 4));
+  p.steps.push_back(step(OpType::Mul, 0, -1, 5, 2.0));
+  TileProgram::Step wh = step(OpType::Where, 3, 4, 2);
+  wh.c.slot = 5;
+  wh.writes_output = true;
+  p.steps.push_back(wh);
+  p.steps.push_back(step(OpType::Tanh, 0, -1, 3));
+  p.final_outputs = {3};
+  const auto source = cpu::tileKernelSource(p);
+  ASSERT_TRUE(source.has_value());
+  const cpu::TileKernel kernel = cpu::compiledTileKernel(*source, cpu::kTileKernelSymbol);
+  ASSERT_NE(kernel, nullptr) << "the host compiler could not build the kernel";
+  EXPECT_EQ(countObjects(dir), 1U);
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x = {1.0f, -3.0f, nan, 0.25f, 2.0f, -0.0f, 7.0f};
+  std::vector<float> y = {2.0f, nan, 1.0f, -1.0f, 2.0f, 0.0f, -7.0f};
+  const size_t n = x.size();
+  std::vector<float> o0(n), o1(n), o2(n);
+  const float* in[] = {x.data(), y.data()};
+  float* out[] = {o0.data(), o1.data(), o2.data()};
+  kernel(in, out, static_cast<long>(n));
+  for (size_t i = 0; i < n; ++i) {
+    const float a = x[i], b = y[i];
+    const float want_max = (a != a || a > b) ? a : b;  // NaN from either side
+    const float want_min = (a != a || a < b) ? a : b;
+    const float want_where = a < 0.5f ? want_min : a * 2.0f;
+    const auto same = [](float u, float v) { return (std::isnan(u) && std::isnan(v)) || u == v; };
+    EXPECT_TRUE(same(o0[i], want_max)) << i << ": max " << o0[i] << " want " << want_max;
+    EXPECT_TRUE(same(o1[i], want_where)) << i << ": where " << o1[i] << " want " << want_where;
+    EXPECT_TRUE(same(o2[i], cpu::tanhFloat(a))) << i << ": tanh " << o2[i];
+  }
+  // A second request for the same source is served from memory, a new process from the disk.
+  EXPECT_EQ(cpu::compiledTileKernel(*source, cpu::kTileKernelSymbol), kernel);
+  fs::remove_all(dir);
+}
+
+TEST(CpuCodegen, OpsWithoutAGeneratedFormAreLeftToTheInterpreter) {
+  TileProgram p;
+  p.num_slots = 3;
+  p.input_slots = {0, 1};
+  p.steps.push_back(step(OpType::Pow, 0, 1, 2));
+  p.final_outputs = {2};
+  EXPECT_FALSE(cpu::tileKernelSource(p).has_value());
+  TileProgram::Step half_cast = step(OpType::Cast, 0, -1, 2);
+  half_cast.cast_to = DataType::Half;
+  p.steps = {half_cast};
+  EXPECT_FALSE(cpu::tileKernelSource(p).has_value());
+}
+
+TEST(CpuCodegen, AFailingCompilerFallsBackToNothing) {
+  const fs::path dir = freshCacheDir("fail");
+  const ScopedEnv cache("MESHFUSE_CACHE_DIR", dir.string());
+  const ScopedEnv cxx("MESHFUSE_CXX", "false");  // runs, and fails
+  TileProgram p;
+  p.num_slots = 2;
+  p.input_slots = {0};
+  p.steps.push_back(step(OpType::Add, 0, -1, 1, 42.0));  // a source no other test compiles
+  p.final_outputs = {1};
+  EXPECT_EQ(cpu::compiledTileKernel(*cpu::tileKernelSource(p), cpu::kTileKernelSymbol), nullptr);
+  EXPECT_EQ(countObjects(dir), 0U);
+  fs::remove_all(dir);
+}
+
+TEST(CpuCodegen, ModeComesFromTheEnvironment) {
+  {
+    const ScopedEnv mode("MESHFUSE_CPU_CODEGEN", "off");
+    EXPECT_EQ(cpu::codegenModeFromEnvironment(), cpu::CodegenMode::Off);
+  }
+  {
+    const ScopedEnv mode("MESHFUSE_CPU_CODEGEN", "always");
+    EXPECT_EQ(cpu::codegenModeFromEnvironment(), cpu::CodegenMode::Always);
+  }
+  const ScopedEnv mode("MESHFUSE_CPU_CODEGEN", "sometimes");
+  EXPECT_THROW(cpu::codegenModeFromEnvironment(), std::invalid_argument);
+}
+
+// A whole segment: the layer's GELU backward chain at a size MESHFUSE_CPU_CODEGEN=auto compiles,
+// against the float64 reference, and compiled for real (an object lands in the cache).
+TEST(CpuCodegen, AutoCompilesALargeChainThatMatchesTheReference) {
+  const fs::path dir = freshCacheDir("auto");
+  const ScopedEnv cache("MESHFUSE_CACHE_DIR", dir.string());
+  const ScopedEnv mode("MESHFUSE_CPU_CODEGEN", "auto");
+  Fusion f;
+  TensorView* u = f.newTensor(DataType::Float, {256, 1024});
+  TensorView* dy = f.newTensor(DataType::Float, {256, 1024});
+  f.addInput(u);
+  f.addInput(dy);
+  const auto k = [&](double value) { return f.newScalar(DataType::Double, value); };
+  const auto mul = [](Val* x, Val* y) { return ops::binary(OpType::Mul, x, y); };
+  const auto add = [](Val* x, Val* y) { return ops::binary(OpType::Add, x, y); };
+  const double c = 0.7978845608028654, a = 0.044715;
+  TensorView* u3 = mul(mul(u, u), u);
+  TensorView* t = ops::unary(OpType::Tanh, mul(add(u, mul(u3, k(a))), k(c)));
+  TensorView* left = mul(add(t, k(1.0)), k(0.5));
+  TensorView* right = mul(mul(mul(u, k(0.5)), ops::binary(OpType::Sub, k(1.0), mul(t, t))),
+                          mul(add(mul(mul(u, u), k(3 * a)), k(1.0)), k(c)));
+  f.addOutput(mul(dy, add(left, right)));
+  ValueMap v;
+  v.tensors[u] = testing::randomTensor(u->shape(), DataType::Float, 7, -4.0, 4.0);
+  v.tensors[dy] = testing::randomTensor(dy->shape(), DataType::Float, 8);
+  testing::checkAgainstReference(f, Segment::Kind::Pointwise, v, "gelu backward, compiled");
+  EXPECT_EQ(countObjects(dir), 1U) << "auto did not compile a 256 x 1024, 17-op chain";
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace meshfuse
