@@ -1,5 +1,6 @@
 """A long pointwise chain on the CPU: the tanh-GELU backward, dx = dy * gelu'(u), as the tensor-parallel
-transformer layer's backward computes it per rank (18 ops, one meshfuse `pointwise` segment), against
+transformer layer's backward computes it per rank (18 ops, one meshfuse `pointwise` segment, compiled into
+one loop by the host's compiler as MESHFUSE_CPU_CODEGEN=auto does at this size, and interpreted), against
 numpy (one pass with a temporary per op) and JAX jit (PyPI `jax`, CPU, one XLA thread; optional: its row
 is left out when it is not installed), in one table, results checked against float64.
 
@@ -59,8 +60,17 @@ def main():
     err = float(np.abs(got - want).max())
     assert err < 1e-4, f"meshfuse differs from float64 by {err}"
     assert sum("LaunchSegment pointwise" in line for line in fd.host_ir().splitlines()) == 1
-    rows = [("meshfuse (1 segment)", best_time(lambda: fd.execute([u, dy]), args.calls, args.repeat)),
-            ("numpy", best_time(lambda: gelu_backward(np, u, dy), args.calls, args.repeat))]
+    rows = [("meshfuse (1 segment)", best_time(lambda: fd.execute([u, dy]), args.calls, args.repeat))]
+    # The same segment through the interpreter (one pass over a tile buffer per op), which the
+    # compiled loop (MESHFUSE_CPU_CODEGEN=auto, its default) replaces at this size.
+    previous = os.environ.get("MESHFUSE_CPU_CODEGEN")
+    os.environ["MESHFUSE_CPU_CODEGEN"] = "off"
+    rows.append(("meshfuse interpreted", best_time(lambda: fd.execute([u, dy]), args.calls, args.repeat)))
+    if previous is None:
+        del os.environ["MESHFUSE_CPU_CODEGEN"]
+    else:
+        os.environ["MESHFUSE_CPU_CODEGEN"] = previous
+    rows.append(("numpy", best_time(lambda: gelu_backward(np, u, dy), args.calls, args.repeat)))
     try:
         import jax
         import jax.numpy as jnp
@@ -74,7 +84,7 @@ def main():
     print(f"tanh-GELU backward, {args.shape} float32, max |error| vs float64 {err:.2e}")
     print(f"{'implementation':<22}{'ms':>9}{'GB/s':>8}  meshfuse speed-up")
     for name, t in rows:
-        ratio = "" if name.startswith("meshfuse") else f"{t / rows[0][1]:.2f}x"
+        ratio = "" if name == rows[0][0] else f"{t / rows[0][1]:.2f}x"
         print(f"{name:<22}{t * 1e3:>9.3f}{bytes_moved / t / 1e9:>8.2f}  {ratio}")
 
 
