@@ -18,6 +18,7 @@
 #include "runtime/cpu/fast_exp.h"
 #include "runtime/cpu/host_compiler.h"
 #include "runtime/cpu/pointwise_codegen.h"
+#include "scoped_env.h"
 #include "test_cpu_reference.h"
 
 namespace meshfuse {
@@ -25,27 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using cpu::TileProgram;
-
-// Sets an environment variable for the scope of one test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_.empty())
-      ::unsetenv(name_);
-    else
-      ::setenv(name_, old_.c_str(), 1);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-};
+using testing::ScopedEnv;
 
 fs::path freshCacheDir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("meshfuse-codegen-test-" + std::to_string(getpid()) + "-" + name);

@@ -7,12 +7,12 @@
 // and Gloo's own operation timeout when a peer never comes; arguments rejected before any
 // communication; tensors of many Gloo segments.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <optional>
 
 #include "backend_test_utils.h"
 #include "backends/gloo/gloo_backend.h"
+#include "scoped_env.h"
 
 namespace meshfuse {
 namespace {
@@ -22,25 +22,6 @@ using namespace meshfuse::testing;
 Communicator& comm() { return Communicator::instance(); }
 std::vector<int64_t> world() { return teamOf(TeamKind::World); }
 Backend& worldGloo() { return comm().backend(CommunicatorBackend::Gloo, world()); }
-
-// Sets an environment variable for one scope (on the ranks that make one).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_.empty())
-      unsetenv(name_);
-    else
-      setenv(name_, old_.c_str(), 1);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-};
 
 TEST(GlooBackend, IsRegisteredAndServesTheCommunicatorsTeams) {
   const auto available = comm().availableBackends();
