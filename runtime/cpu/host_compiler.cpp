@@ -52,10 +52,17 @@ fs::path cacheDirectory() {
   return fs::temp_directory_path() / "meshfuse-cpu-kernels";
 }
 
-// Runs the compiler on `source` into `object`, its output into `log`; "" on success, else why not.
+// Why a kernel could not be had: `why` is empty on success. A compiler that cannot be started stays
+// missing for the process (no retry per program); a compile that fails is that program's alone.
+struct Failure {
+  std::string why;
+  bool compiler_missing = false;
+  bool failed() const { return !why.empty(); }
+};
+
+// Runs the compiler on `source` into `object`, its output into `log`.
 // posix_spawn (a vfork), not fork: an MPI process may have memory registered with its transports.
-std::string runCompiler(const std::string& compiler, const fs::path& source, const fs::path& object,
-                        const fs::path& log) {
+Failure runCompiler(const std::string& compiler, const fs::path& source, const fs::path& object, const fs::path& log) {
   std::vector<std::string> args = {compiler};
   args.insert(args.end(), kFlags.begin(), kFlags.end());
   args.insert(args.end(), {"-o", object.string(), source.string()});
@@ -69,15 +76,15 @@ std::string runCompiler(const std::string& compiler, const fs::path& source, con
   pid_t pid = 0;
   const int err = posix_spawnp(&pid, compiler.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  if (err != 0) return "cannot run " + compiler + ": " + std::generic_category().message(err);
+  if (err != 0) return {"cannot run " + compiler + ": " + std::generic_category().message(err), true};
   int status = 0;
   while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return "waitpid failed";
+    if (errno != EINTR) return {"waitpid failed"};
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return {};
   std::ifstream in(log);
   std::string first_line;
   std::getline(in, first_line);
-  return compiler + " failed (" + log.string() + "): " + first_line;
+  return {compiler + " failed (" + log.string() + "): " + first_line};
 }
 
 void warnOnce(const std::string& why) {
@@ -105,9 +112,9 @@ const std::string& cpuSignature() {
   return signature;
 }
 
-// Finds the object in the disk cache or compiles it there; "" and the path, or why not. The key
-// names what the object is built from: compiler, flags, the CPU that -march=native targets, source.
-std::string objectFor(const std::string& source, fs::path& object) {
+// Finds the object in the disk cache or compiles it there into `object`. The key names what the
+// object is built from: compiler, flags, the CPU that -march=native targets, source.
+Failure objectFor(const std::string& source, fs::path& object) {
   const std::string compiler = compilerName();
   uint64_t h = fnv1a(cpuSignature(), fnv1a(compiler));
   for (const std::string& f : kFlags) h = fnv1a(f, h);
@@ -117,7 +124,7 @@ std::string objectFor(const std::string& source, fs::path& object) {
   std::error_code ec;
   const fs::path dir = cacheDirectory();
   fs::create_directories(dir, ec);
-  if (ec) return "cannot create " + dir.string() + ": " + ec.message();
+  if (ec) return {"cannot create " + dir.string() + ": " + ec.message()};
   object = dir / (std::string(name) + ".so");
   if (fs::exists(object, ec)) return {};
   // Unique per process and thread: ranks compiling the same program each write their own file.
@@ -127,17 +134,17 @@ std::string objectFor(const std::string& source, fs::path& object) {
   {
     std::ofstream out(src);
     out << source;
-    if (!out) return "cannot write " + src.string();
+    if (!out) return {"cannot write " + src.string()};
   }
-  std::string why = runCompiler(compiler, src, tmp, log);
-  if (why.empty()) {
+  Failure failure = runCompiler(compiler, src, tmp, log);
+  if (!failure.failed()) {
     fs::rename(tmp, object, ec);  // atomic: a reader sees no object or a whole one
-    if (ec) why = "cannot rename " + tmp.string() + ": " + ec.message();
+    if (ec) failure.why = "cannot rename " + tmp.string() + ": " + ec.message();
   }
   fs::remove(src, ec);
-  if (why.empty()) fs::remove(log, ec);
+  if (!failure.failed()) fs::remove(log, ec);
   fs::remove(tmp, ec);
-  return why;
+  return failure;
 }
 
 }  // namespace
@@ -160,20 +167,20 @@ TileKernel compiledTileKernel(const std::string& source, const char* symbol) {
   if (auto it = loaded.find(source); it != loaded.end()) return it->second;
   TileKernel& kernel = loaded[source];
   fs::path object;
-  std::string why = objectFor(source, object);
-  if (why.empty()) {
+  Failure failure = objectFor(source, object);
+  if (!failure.failed()) {
     // Never closed: the kernel lives as long as the process may run the program.
     void* handle = dlopen(object.c_str(), RTLD_NOW | RTLD_LOCAL);
     void* fn = handle != nullptr ? dlsym(handle, symbol) : nullptr;
     if (fn == nullptr) {
       const char* err = dlerror();
-      why = "cannot load " + object.string() + ": " + (err != nullptr ? err : "no symbol");
+      failure.why = "cannot load " + object.string() + ": " + (err != nullptr ? err : "no symbol");
     }
     kernel = reinterpret_cast<TileKernel>(fn);
   }
-  if (!why.empty()) {
-    if (why.rfind("cannot run ", 0) == 0) compiler_missing = true;
-    warnOnce(why);
+  if (failure.failed()) {
+    compiler_missing = failure.compiler_missing;
+    warnOnce(failure.why);
   }
   return kernel;
 }
