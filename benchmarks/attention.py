@@ -2,6 +2,7 @@
 
   python3 benchmarks/attention.py --gpu   # H200: bf16 d=128 fwd/bwd TFLOP/s, meshfuse (cuDNN) vs torch SDPA backends
   python3 benchmarks/attention.py --gpu --dropout 0 0.1 0.2 --shapes 1,96,2048   # with attention dropout
+  python3 benchmarks/attention.py --gpu --dropout 0.1 --shapes 1,96,2048 --mask-widths narrow byte   # mask widths
   python3 benchmarks/attention.py --cpu   # one thread, s=2048: meshfuse's flash kernel vs numpy matmul-softmax-matmul
 
 FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x the forward (five products against two).
@@ -11,7 +12,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
-from timing import best_time  # noqa: E402 (this directory, first on the path of a script run)
+from timing import best_time, mask_width  # noqa: E402 (this directory, first on the path of a script run)
 
 
 def flops(b, h, s, d, causal, backward=False):
@@ -63,13 +64,18 @@ def gpu(args):
             for g in bwd.ops.sdpfa_bwd(tg, tq, tk, tv, to, tl, p, causal, ts, tf):
                 bwd.add_output(g)
         bargs = [go, q, k, v, out, lse_v, seed_v, off_v]
-        t_f = timed(lambda: fwd.execute([q, k, v]), args.iters)
-        t_b = timed(lambda: bwd.execute(bargs), args.iters)
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         err = f"{(out.float() - ref.float()).abs().max().item():18.4f}" if p == 0 else ""
-        print(f"{str((b, h, s)):>16} {str(causal):>6} {p:>7} {'meshfuse':>10} "
-              f"{flops(b, h, s, d, causal) / t_f / 1e12:9.0f} {flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f} "
-              f"{flops(b, h, s, d, causal) / t_f / 1e12:9.0f} {err}", flush=True)
+        # With dropout, one row per mask width asked for (MESHFUSE_ATTENTION_MASK, read at each
+        # execute): the widths compared in one process, on the same inputs.
+        for width in (args.mask_widths or [None]) if p > 0 else [None]:
+            with mask_width(width):
+                t_f = timed(lambda: fwd.execute([q, k, v]), args.iters)
+                t_b = timed(lambda: bwd.execute(bargs), args.iters)
+            name = "meshfuse" if width is None else f"mf {width}"
+            print(f"{str((b, h, s)):>16} {str(causal):>6} {p:>7} {name:>10} "
+                  f"{flops(b, h, s, d, causal) / t_f / 1e12:9.0f} {flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f} "
+                  f"{flops(b, h, s, d, causal) / t_f / 1e12:9.0f} {err}", flush=True)
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                               ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
             try:
@@ -168,6 +174,8 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cpu-dropout", action="store_true", help="CPU: what dropout costs the attention kernels")
     ap.add_argument("--dropout", type=float, nargs="+", default=[0.0], help="GPU: attention dropout probabilities")
+    ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact", "byte"],
+                    help="GPU, with dropout: time meshfuse under each MESHFUSE_ATTENTION_MASK width")
     ap.add_argument("--shapes", nargs="+", default=["1,96,2048", "4,32,4096", "1,32,8192"],
                     help="GPU: b,h,s triples (d = 128)")
     a = ap.parse_args()

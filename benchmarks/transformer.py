@@ -31,6 +31,7 @@ from meshfuse import DataType  # noqa: E402
 from meshfuse.models import transformer as tf  # noqa: E402
 from meshfuse.multidevice import Communicator  # noqa: E402
 from meshfuse.torch import TransformerLayer  # noqa: E402
+from timing import mask_width  # noqa: E402 (this directory, first on the path of a script run)
 
 
 def layer_flops(cfg, backward):
@@ -276,6 +277,14 @@ def run_cuda(args):
     sync = torch.cuda.synchronize
     mf_fwd = timed(lambda: fwd.execute(ins), sync, args.warmup, args.iters)
     mf_bwd = timed(lambda: bwd.execute(bwd_ins), sync, args.warmup, args.iters)
+    # The same two passes under each dropout-mask width asked for (MESHFUSE_ATTENTION_MASK, read at
+    # each execute), in this process: the backward's inputs stay the default's forward outputs, as
+    # every width drops the same elements.
+    widths = []
+    for width in args.mask_widths or []:
+        with mask_width(width):
+            widths.append((width, timed(lambda: fwd.execute(ins), sync, args.warmup, args.iters),
+                           timed(lambda: bwd.execute(bwd_ins), sync, args.warmup, args.iters)))
 
     params = {n: full[n].cuda().requires_grad_(True) for n in tf.PARAMETERS}
     xt = full["x"].cuda().requires_grad_(True)
@@ -326,6 +335,11 @@ def run_cuda(args):
                                          ("forward+backward", mf_fwd + mf_bwd, eager_step, comp_step, f_fl + b_fl)):
         print(f"{name:<22}{mf * 1e3:>12.2f}{eager * 1e3:>10.2f}{comp * 1e3:>12.2f}{eager / mf:>9.2f}x"
               f"{comp / mf:>11.2f}x{flops / mf / 1e12:>12.1f}")
+    for width, w_fwd, w_bwd in widths:
+        print(f"# meshfuse with MESHFUSE_ATTENTION_MASK={width}: forward {w_fwd * 1e3:.2f} ms "
+              f"({comp_fwd / w_fwd:.2f}x compile), backward {w_bwd * 1e3:.2f} ms "
+              f"({(comp_step - comp_fwd) / w_bwd:.2f}x), forward+backward {(w_fwd + w_bwd) * 1e3:.2f} ms "
+              f"({comp_step / (w_fwd + w_bwd):.2f}x)")
     print(f"# torch's forward with autograd on (above) / under no_grad: eager {eager_fwd * 1e3:.2f} / "
           f"{eager_inf * 1e3:.2f} ms, compile {comp_fwd * 1e3:.2f} / {comp_inf * 1e3:.2f} ms")
     for name, parts in (("forward", fwd_parts), ("backward", bwd_parts)):
@@ -349,6 +363,8 @@ def main():
                     help="dropout inside attention, both sides (default: --dropout)")
     ap.add_argument("--breakdown", type=int, default=0, metavar="STEPS",
                     help="CPU: also trace STEPS meshfuse steps and print rank 0's time per segment kind")
+    ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact", "byte"],
+                    help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_MASK width")
     ap.add_argument("--profile", action="store_true",
                     help="CUDA: also profile one call of each pass (GPU busy time and top kernels)")
     args = ap.parse_args()
