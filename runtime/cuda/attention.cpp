@@ -143,6 +143,13 @@ fe::DataType_t ioType(DataType dtype) {
   return dtype == DataType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
+// The dropout mask as dropoutMask lays it out (its rows dropoutMaskRowStride apart).
+TensorAttr maskTensor(Built& b, const AttentionParams& p, const MaskType& mask_type) {
+  const int64_t row = dropoutMaskRowStride(p.seq_kv, mask_type.dtype);
+  const InputStrides strides{{"mask", {p.heads * p.seq_q * row, p.seq_q * row, row, 1}}};
+  return tensor(b, "mask", {p.batch, p.heads, p.seq_q, p.seq_kv}, mask_type.declared, &strides);
+}
+
 std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const AttentionParams& p, DataType dtype,
                              const InputStrides* strides, const MaskType& mask_type) {
   auto b = std::make_shared<Built>();
@@ -150,13 +157,12 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
   b->mask_dtype = mask_type.dtype;
   b->graph = std::make_shared<fe::graph::Graph>();
   const fe::DataType_t io = ioType(dtype);
-  const fe::DataType_t mask = mask_type.declared;
   b->graph->set_io_data_type(io)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   const std::vector<int64_t> qd{p.batch, p.heads, p.seq_q, p.head_dim}, kd{p.batch, p.heads, p.seq_kv, p.head_dim},
       vd{p.batch, p.heads, p.seq_kv, p.head_dim_v}, od{p.batch, p.heads, p.seq_q, p.head_dim_v},
-      sd{p.batch, p.heads, p.seq_q, 1}, md{p.batch, p.heads, p.seq_q, p.seq_kv};
+      sd{p.batch, p.heads, p.seq_q, 1};
   auto q = tensor(*b, "q", qd, io, strides), k = tensor(*b, "k", kd, io, strides), v = tensor(*b, "v", vd, io, strides);
   const bool dropout = p.dropout_p > 0;
   if (forward) {
@@ -165,7 +171,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_generate_stats(true)
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
-    if (dropout) attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"));
+    if (dropout) attrs.set_dropout(maskTensor(*b, p, mask_type), byValue(*b, "dropout_scale"));
     auto [o, stats] = b->graph->sdpa(q, k, v, attrs);
     output(*b, "o", o, od, io);
     output(*b, "stats", stats, sd, fe::DataType_t::FLOAT);
@@ -177,7 +183,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
     if (dropout)
-      attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
+      attrs.set_dropout(maskTensor(*b, p, mask_type), byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
     auto [dq, dk, dv] = b->graph->sdpa_backward(q, k, v, o, dO, stats, attrs);
     output(*b, "dq", dq, qd, io);
     output(*b, "dk", dk, kd, io);
@@ -257,6 +263,22 @@ std::vector<int64_t> inPlaceStrides(const Tensor& t) {
   return out;
 }
 
+// How the backward behind a 0/1 (Bool) mask gets cuDNN's D = rowsum(dO * O) right. An investigation
+// switch (MESHFUSE_ATTENTION_BYTE_BACKWARD), until a GPU run settles which one cuDNN needs: the byte
+// backward's dQ was off by more than its largest value on the H100 with "rescaled-o" (the default,
+// dropout_mask.h's reading of session 7's fit); "scale-inv" binds O as it is with dropout_scale_inv
+// 1 / scale (the frontend's own formula, softmax_sum = rowsum(dO * O) * dropout_scale_inv); "plain"
+// binds O as it is with dropout_scale_inv 1.
+enum class ByteBackward { RescaledO, ScaleInv, Plain };
+ByteBackward byteBackwardFromEnvironment() {
+  const char* e = std::getenv("MESHFUSE_ATTENTION_BYTE_BACKWARD");
+  const std::string v = e == nullptr ? "" : e;
+  if (v.empty() || v == "rescaled-o") return ByteBackward::RescaledO;
+  if (v == "scale-inv") return ByteBackward::ScaleInv;
+  if (v == "plain") return ByteBackward::Plain;
+  throw UserError("MESHFUSE_ATTENTION_BYTE_BACKWARD=" + v + " is not one of rescaled-o, scale-inv, plain");
+}
+
 int64_t readScalar(const Tensor& t) { return t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0]; }
 
 }  // namespace
@@ -325,10 +347,15 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   // mask, where dropout_scale is the whole keep scale, O goes in divided by it and dropout_scale_inv
   // is 1, which gives the right D either way; a narrow mask's correction (0.16% for bf16) is left to
   // dropout_scale_inv, as measured and tested on the H200 in session 10.
-  const bool rescale_out = dropout && mask_dtype == DataType::Bool;
-  float dropout_scale_inv = rescale_out ? 1.0F : 1.0F / dropout_scale;
+  const ByteBackward byte_backward = byteBackwardFromEnvironment();
+  const bool rescale_out = dropout && mask_dtype == DataType::Bool && byte_backward == ByteBackward::RescaledO;
+  float dropout_scale_inv = rescale_out || (mask_dtype == DataType::Bool && byte_backward == ByteBackward::Plain)
+                                ? 1.0F
+                                : 1.0F / dropout_scale;
   if (dropout) {
-    bind("mask", dropoutMask(device, p, mask_dtype, seed_at, offset_at));
+    // As laid out (padded rows), not through bind's dense copy; dropoutMask's buffer is 16-byte aligned.
+    keep.push_back(dropoutMask(device, p, mask_dtype, seed_at, offset_at));
+    pack[built->tensors.at("mask")] = keep.back().data();
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
     if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
   }

@@ -27,6 +27,7 @@ struct Params {
   const unsigned long long* seed_at;    // when set, the seed and offset are read from device memory
   const unsigned long long* offset_at;  // (the forward's 0-dim outputs), with no host round trip
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
+  long long row_stride;  // elements from one mask row to the next (>= seq_kv: a Bool mask's rows are padded)
   float threshold;
   unsigned int kept;   // the bits a kept element gets (of a 1-, 2- or 4-byte element)
   int element_bytes;
@@ -91,7 +92,7 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
           for (int k = 0; k < 4; ++k)
             if (j0 + k < computed && philoxUnitF(w[k]) >= p.threshold) bits[k] = p.kept;
         }
-        storeMaskGroup(p, row * p.seq_kv + j0, j0, bits);
+        storeMaskGroup(p, row * p.row_stride + j0, j0, bits);
       }
     }
   }
@@ -104,6 +105,7 @@ struct Params {
   const void* seed_at;
   const void* offset_at;
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
+  long long row_stride;
   float threshold;
   unsigned int kept;
   int element_bytes;
@@ -160,8 +162,16 @@ float dropoutScaleCorrection(double dropout_p, DataType mask_dtype) {
   return keepScale(dropout_p) / heldScale(dropout_p, mask_dtype);
 }
 
+int64_t dropoutMaskRowStride(int64_t seq_kv, DataType dtype) {
+  if (dtype != DataType::Bool) return seq_kv;
+  constexpr int64_t kRowBytes = 16;
+  return (seq_kv + kRowBytes - 1) / kRowBytes * kRowBytes;
+}
+
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at, const void* offset_at) {
-  Tensor mask = Tensor::empty({p.batch, p.heads, p.seq_q, p.seq_kv}, dtype, Device::cuda(device));
+  const int64_t row_stride = dropoutMaskRowStride(p.seq_kv, dtype);
+  const Tensor padded = Tensor::empty({p.batch, p.heads, p.seq_q, row_stride}, dtype, Device::cuda(device));
+  Tensor mask = padded.slice(3, 0, p.seq_kv);
   Params params{mask.data(),
                 p.seed,
                 p.offset,
@@ -174,6 +184,7 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
                 p.head_offset,
                 p.global_heads,
                 mask.numel(),
+                row_stride,
                 static_cast<float>(p.dropout_p),
                 keptBits(dtype, keepScale(p.dropout_p)),
                 static_cast<int>(dataTypeSize(dtype)),

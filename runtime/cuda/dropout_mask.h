@@ -45,8 +45,14 @@ DataType dropoutMaskDataType(double dropout_p, DataType io, MaskWidth width);
 // over its rounding to a Half/BFloat16 mask, 1 for an exact mask.
 float dropoutScaleCorrection(double dropout_p, DataType mask_dtype);
 
-// A [batch, heads, seq_q, seq_kv] tensor of `dtype` on `device`: 0 where an element is dropped; where
-// it is kept, 1 (Bool) or the keep scale 1 / (1 - p) rounded to `dtype` (Half, BFloat16, Float).
+// The elements from one mask row to the next: seq_kv, except that a Bool mask's rows start at 16-byte
+// multiples (cuDNN's backward read a one-byte mask of 330-element rows at a misaligned address on the
+// H100, where a bf16 mask of the same shape ran).
+int64_t dropoutMaskRowStride(int64_t seq_kv, DataType dtype);
+
+// A [batch, heads, seq_q, seq_kv] tensor of `dtype` on `device` with rows dropoutMaskRowStride apart
+// (a view of the padded buffer): 0 where an element is dropped; where it is kept, 1 (Bool) or the keep
+// scale 1 / (1 - p) rounded to `dtype` (Half, BFloat16, Float).
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at = nullptr,
                    const void* offset_at = nullptr);
 

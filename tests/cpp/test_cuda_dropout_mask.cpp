@@ -54,16 +54,23 @@ TEST(CudaDropoutMask, EveryElementIsItsGlobalIndexsDraw) {
         p.seed = (1ull << 40) + 17;
         p.offset = 12345;
         SCOPED_TRACE("s_kv " + std::to_string(s.seq_kv) + (causal ? " causal " : " ") + toString(dtype));
-        const Tensor mask = cuda::dropoutMask(0, p, dtype).to(Device::cpu());
+        // The mask's rows lie dropoutMaskRowStride apart (a Bool mask's padded to 16 bytes): the whole
+        // buffer comes to the host and its elements are read through the stride.
+        const Tensor on_device = cuda::dropoutMask(0, p, dtype);
+        const int64_t row_stride = cuda::dropoutMaskRowStride(p.seq_kv, dtype);
+        ASSERT_EQ(on_device.strides()[2], row_stride);
+        const Tensor mask = Tensor::fromBlob(on_device.data(), dtype, {p.batch * p.heads * p.seq_q * row_stride}, {1},
+                                             on_device.device(), [](void*) {})
+                                .to(Device::cpu());
         const float keep = dtype == DataType::Bool ? 1.0f : 1.25f;  // a 0/1 mask, or the keep scale
-        int64_t differ = 0, kept = 0, e = 0;
+        int64_t differ = 0, kept = 0;
         for (int64_t b = 0; b < s.batch; ++b)
           for (int64_t h = 0; h < s.heads; ++h)
             for (int64_t i = 0; i < s.seq_q; ++i)
-              for (int64_t j = 0; j < s.seq_kv; ++j, ++e) {
+              for (int64_t j = 0; j < s.seq_kv; ++j) {
                 const double u = philox::drawElement(p.dropoutIndex(b, h, i, j), p.offset, p.seed, false, false, 0, 1);
                 const bool want = (!causal || j <= i) && static_cast<float>(u) >= static_cast<float>(p.dropout_p);
-                const float got = maskValue(mask, e);
+                const float got = maskValue(mask, ((b * s.heads + h) * s.seq_q + i) * row_stride + j);
                 differ += (got != 0) != want || (want && got != keep);
                 kept += want;
               }
