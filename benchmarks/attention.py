@@ -2,7 +2,7 @@
 
   python3 benchmarks/attention.py --gpu   # H200: bf16 d=128 fwd/bwd TFLOP/s, meshfuse (cuDNN) vs torch SDPA backends
   python3 benchmarks/attention.py --gpu --dropout 0 0.1 0.2 --shapes 1,96,2048   # with attention dropout
-  python3 benchmarks/attention.py --gpu --dropout 0.1 --shapes 1,96,2048 --mask-widths narrow byte   # mask widths
+  python3 benchmarks/attention.py --gpu --dropout 0.1 --shapes 1,96,2048 --mask-widths narrow exact   # mask widths
   python3 benchmarks/attention.py --cpu   # one thread, s=2048: meshfuse's flash kernel vs numpy matmul-softmax-matmul
 
 FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x the forward (five products against two).
@@ -174,7 +174,7 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cpu-dropout", action="store_true", help="CPU: what dropout costs the attention kernels")
     ap.add_argument("--dropout", type=float, nargs="+", default=[0.0], help="GPU: attention dropout probabilities")
-    ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact", "byte"],
+    ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact"],
                     help="GPU, with dropout: time meshfuse under each MESHFUSE_ATTENTION_MASK width")
     ap.add_argument("--shapes", nargs="+", default=["1,96,2048", "4,32,4096", "1,32,8192"],
                     help="GPU: b,h,s triples (d = 128)")

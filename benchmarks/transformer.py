@@ -363,7 +363,7 @@ def main():
                     help="dropout inside attention, both sides (default: --dropout)")
     ap.add_argument("--breakdown", type=int, default=0, metavar="STEPS",
                     help="CPU: also trace STEPS meshfuse steps and print rank 0's time per segment kind")
-    ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact", "byte"],
+    ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact"],
                     help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_MASK width")
     ap.add_argument("--profile", action="store_true",
                     help="CUDA: also profile one call of each pass (GPU busy time and top kernels)")

@@ -89,15 +89,7 @@ struct Built {
   std::shared_ptr<fe::graph::Graph> graph;
   std::map<std::string, TensorAttr> tensors;
   int64_t workspace = 0;
-  bool strided_inputs = false;            // false: q, k, v (o, dO) are bound as dense copies
-  DataType mask_dtype = DataType::Float;  // what the dropout mask input holds (dropout_mask.h)
-};
-
-// A dtype for the dropout mask, as meshfuse holds it and as the graph declares it (a Bool mask is
-// declared UINT8).
-struct MaskType {
-  DataType dtype;
-  fe::DataType_t declared;
+  bool strided_inputs = false;  // false: q, k, v (o, dO) are bound as dense copies
 };
 
 // The strides of q, k, v (forward; also o and dO backward) as the call holds them, by name.
@@ -143,26 +135,20 @@ fe::DataType_t ioType(DataType dtype) {
   return dtype == DataType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
-// The dropout mask as dropoutMask lays it out (its rows dropoutMaskRowStride apart).
-TensorAttr maskTensor(Built& b, const AttentionParams& p, const MaskType& mask_type) {
-  const int64_t row = dropoutMaskRowStride(p.seq_kv, mask_type.dtype);
-  const InputStrides strides{{"mask", {p.heads * p.seq_q * row, p.seq_q * row, row, 1}}};
-  return tensor(b, "mask", {p.batch, p.heads, p.seq_q, p.seq_kv}, mask_type.declared, &strides);
-}
-
+// `mask_dtype`: what the dropout mask holds (dropoutMaskDataType), when dropout is on.
 std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const AttentionParams& p, DataType dtype,
-                             const InputStrides* strides, const MaskType& mask_type) {
+                             const InputStrides* strides, DataType mask_dtype) {
   auto b = std::make_shared<Built>();
   b->strided_inputs = strides != nullptr;
-  b->mask_dtype = mask_type.dtype;
   b->graph = std::make_shared<fe::graph::Graph>();
   const fe::DataType_t io = ioType(dtype);
+  const fe::DataType_t mask = mask_dtype == DataType::Float ? fe::DataType_t::FLOAT : io;
   b->graph->set_io_data_type(io)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   const std::vector<int64_t> qd{p.batch, p.heads, p.seq_q, p.head_dim}, kd{p.batch, p.heads, p.seq_kv, p.head_dim},
       vd{p.batch, p.heads, p.seq_kv, p.head_dim_v}, od{p.batch, p.heads, p.seq_q, p.head_dim_v},
-      sd{p.batch, p.heads, p.seq_q, 1};
+      sd{p.batch, p.heads, p.seq_q, 1}, md{p.batch, p.heads, p.seq_q, p.seq_kv};
   auto q = tensor(*b, "q", qd, io, strides), k = tensor(*b, "k", kd, io, strides), v = tensor(*b, "v", vd, io, strides);
   const bool dropout = p.dropout_p > 0;
   if (forward) {
@@ -171,7 +157,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_generate_stats(true)
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
-    if (dropout) attrs.set_dropout(maskTensor(*b, p, mask_type), byValue(*b, "dropout_scale"));
+    if (dropout) attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"));
     auto [o, stats] = b->graph->sdpa(q, k, v, attrs);
     output(*b, "o", o, od, io);
     output(*b, "stats", stats, sd, fe::DataType_t::FLOAT);
@@ -183,7 +169,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
     if (dropout)
-      attrs.set_dropout(maskTensor(*b, p, mask_type), byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
+      attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
     auto [dq, dk, dv] = b->graph->sdpa_backward(q, k, v, o, dO, stats, attrs);
     output(*b, "dq", dq, qd, io);
     output(*b, "dk", dk, kd, io);
@@ -198,50 +184,34 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
   return b;
 }
 
-// What the graph's dropout input is: 0 none, else 1 + the dtype of the mask asked for.
-int maskKey(const AttentionParams& p, DataType wanted_mask) {
-  return p.dropout_p > 0 ? 1 + static_cast<int>(wanted_mask) : 0;
-}
-
-// The dtypes to try for the dropout mask, best first: a Bool mask (bytes, 0 or 1) declared UINT8, else
-// the attention's own dtype (narrow) where this cuDNN does not take it; a narrow or exact mask as it
-// is. Not BOOLEAN, which cuDNN may read bit-packed (eight elements a byte; the probe,
-// scripts/cudnn-mask-probe.cu, runs a bool mask to find out).
-std::vector<MaskType> maskTypes(const AttentionParams& p, DataType dtype, DataType wanted) {
-  if (p.dropout_p <= 0) return {{DataType::Float, fe::DataType_t::FLOAT}};  // no mask input
-  if (wanted == DataType::Bool) return {{DataType::Bool, fe::DataType_t::UINT8}, {dtype, ioType(dtype)}};
-  return {{wanted, wanted == DataType::Float ? fe::DataType_t::FLOAT : ioType(dtype)}};
+// What the graph's dropout input is: 0 none, else 1 + the mask's dtype.
+int maskKey(const AttentionParams& p, DataType mask_dtype) {
+  return p.dropout_p > 0 ? 1 + static_cast<int>(mask_dtype) : 0;
 }
 
 // The graph for these parameters and input strides. cuDNN reads strided q, k, v (o, dO) in place,
 // as the transformer's q/k/v views of the fused qkv projection arrive; when it refuses a layout,
-// the graph is built for dense inputs instead (and the call binds dense copies). Each layout tries
-// the mask dtypes in maskTypes' order; the last one's error is the one raised. `wanted_mask` is
+// the graph is built for dense inputs instead (and the call binds dense copies). `mask_dtype` is
 // dropoutMaskDataType's answer, read once per call.
 std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionParams& p, DataType dtype,
-                                   DataType wanted_mask, const InputStrides& strides) {
+                                   DataType mask_dtype, const InputStrides& strides) {
   static std::mutex mu;
   static std::map<Key, std::shared_ptr<Built> > cache;
   const Key key{
       device,   forward, static_cast<int>(dtype), p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.head_dim_v,
-      p.causal, p.scale, maskKey(p, wanted_mask), strides};
+      p.causal, p.scale, maskKey(p, mask_dtype),  strides};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const std::vector<MaskType> mask_types = maskTypes(p, dtype, wanted_mask);
-  auto tryBuild = [&](const InputStrides* layout, bool last_layout) -> std::shared_ptr<Built> {
-    for (size_t m = 0; m < mask_types.size(); ++m) {
-      try {
-        return build(handleFor(device), forward, p, dtype, layout, mask_types[m]);
-      } catch (const std::runtime_error&) {
-        if (last_layout && m + 1 == mask_types.size()) throw;  // nothing left to try
-      }
-    }
-    return nullptr;
-  };
   std::shared_ptr<Built> built;
-  if (!strides.empty()) built = tryBuild(&strides, false);  // not supported: dense copies below
-  if (!built) built = tryBuild(nullptr, true);
+  if (!strides.empty()) {
+    try {
+      built = build(handleFor(device), forward, p, dtype, &strides, mask_dtype);
+    } catch (const std::runtime_error&) {
+      built = nullptr;  // this layout is not supported: dense copies below
+    }
+  }
+  if (!built) built = build(handleFor(device), forward, p, dtype, nullptr, mask_dtype);
   cache.emplace(key, built);
   return built;
 }
@@ -261,22 +231,6 @@ std::vector<int64_t> inPlaceStrides(const Tensor& t) {
   for (int d = 0; d < 3; ++d)  // an axis of extent 1 gets a canonical stride (it is never stepped)
     if (t.size(d) == 1) out[d] = 0;
   return out;
-}
-
-// How the backward behind a 0/1 (Bool) mask gets cuDNN's D = rowsum(dO * O) right. An investigation
-// switch (MESHFUSE_ATTENTION_BYTE_BACKWARD), until a GPU run settles which one cuDNN needs: the byte
-// backward's dQ was off by more than its largest value on the H100 with "rescaled-o" (the default,
-// dropout_mask.h's reading of session 7's fit); "scale-inv" binds O as it is with dropout_scale_inv
-// 1 / scale (the frontend's own formula, softmax_sum = rowsum(dO * O) * dropout_scale_inv); "plain"
-// binds O as it is with dropout_scale_inv 1.
-enum class ByteBackward { RescaledO, ScaleInv, Plain };
-ByteBackward byteBackwardFromEnvironment() {
-  const char* e = std::getenv("MESHFUSE_ATTENTION_BYTE_BACKWARD");
-  const std::string v = e == nullptr ? "" : e;
-  if (v.empty() || v == "rescaled-o") return ByteBackward::RescaledO;
-  if (v == "scale-inv") return ByteBackward::ScaleInv;
-  if (v == "plain") return ByteBackward::Plain;
-  throw UserError("MESHFUSE_ATTENTION_BYTE_BACKWARD=" + v + " is not one of rescaled-o, scale-inv, plain");
 }
 
 int64_t readScalar(const Tensor& t) { return t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0]; }
@@ -313,19 +267,17 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
               : std::vector<std::pair<const char*, size_t> >{
                     {"dO", kBwdGradOut}, {"q", kBwdQ}, {"k", kBwdK}, {"v", kBwdV}, {"o", kBwdOut}};
   const bool dropout = p.dropout_p > 0;
-  // The mask MESHFUSE_ATTENTION_MASK asks for (the graph may fall back to another, built->mask_dtype).
-  const DataType wanted_mask = dropout ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
+  // What the mask holds (MESHFUSE_ATTENTION_MASK), read once for the graph and the mask kernel.
+  const DataType mask_dtype = dropout ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
   InputStrides strides;
   std::set<std::string> in_place;  // the inputs whose own layout the strided graph describes
   for (const auto& [name, index] : strided_inputs) {
-    // Behind a 0/1 mask the backward binds a dense O divided by the dropout scale (below).
-    const bool rescaled = dropout && !forward && std::string(name) == "o" && wanted_mask == DataType::Bool;
-    std::vector<int64_t> st = rescaled ? std::vector<int64_t>{} : inPlaceStrides(tensors[index]);
+    std::vector<int64_t> st = inPlaceStrides(tensors[index]);
     if (!st.empty()) in_place.insert(name);
     strides[name] = st.empty() ? rowMajor(tensors[index].shape()) : st;
   }
   if (in_place.empty()) strides.clear();  // every input dense: the plain graph
-  auto built = cachedGraph(device, forward, p, dtype, wanted_mask, strides);
+  auto built = cachedGraph(device, forward, p, dtype, mask_dtype, strides);
   cudnnHandle_t handle = handleFor(device);
   if (cudnnSetStream(handle, currentStream(device)) != CUDNN_STATUS_SUCCESS)
     throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
@@ -339,23 +291,12 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     keep.push_back(bound);
     pack[built->tensors.at(name)] = keep.back().data();
   };
-  // cuDNN's dropout scale: what the mask does not hold of the keep scale (all of it for a 0/1 mask).
-  const DataType mask_dtype = built->mask_dtype;
+  // The mask carries the keep scale (dropout_mask.h says why), so both scales cuDNN takes are 1, or
+  // the correction of a narrow mask's rounded scale (measured and tested on the H200 in session 10).
   float dropout_scale = dropout ? dropoutScaleCorrection(p.dropout_p, mask_dtype) : 1.0F;
-  // The frontend's backward multiplies D = rowsum(dO * O) by dropout_scale_inv and then, with the rest
-  // of dS, by dropout_scale; cuDNN 9.19 was measured to skip the first (dropout_mask.h). Behind a 0/1
-  // mask, where dropout_scale is the whole keep scale, O goes in divided by it and dropout_scale_inv
-  // is 1, which gives the right D either way; a narrow mask's correction (0.16% for bf16) is left to
-  // dropout_scale_inv, as measured and tested on the H200 in session 10.
-  const ByteBackward byte_backward = byteBackwardFromEnvironment();
-  const bool rescale_out = dropout && mask_dtype == DataType::Bool && byte_backward == ByteBackward::RescaledO;
-  float dropout_scale_inv = rescale_out || (mask_dtype == DataType::Bool && byte_backward == ByteBackward::Plain)
-                                ? 1.0F
-                                : 1.0F / dropout_scale;
+  float dropout_scale_inv = 1.0F / dropout_scale;
   if (dropout) {
-    // As laid out (padded rows), not through bind's dense copy; dropoutMask's buffer is 16-byte aligned.
-    keep.push_back(dropoutMask(device, p, mask_dtype, seed_at, offset_at));
-    pack[built->tensors.at("mask")] = keep.back().data();
+    bind("mask", dropoutMask(device, p, mask_dtype, seed_at, offset_at));
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
     if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
   }
@@ -375,7 +316,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     bind("q", tensors[kBwdQ]);
     bind("k", tensors[kBwdK]);
     bind("v", tensors[kBwdV]);
-    bind("o", rescale_out ? outputForDropoutBackward(device, tensors[kBwdOut], dropout_scale) : tensors[kBwdOut]);
+    bind("o", tensors[kBwdOut]);
     bind("stats", tensors[kBwdLse]);
     for (const char* name : {"dq", "dk", "dv"}) {
       const std::vector<int64_t> shape =

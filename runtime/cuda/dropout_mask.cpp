@@ -27,22 +27,18 @@ struct Params {
   const unsigned long long* seed_at;    // when set, the seed and offset are read from device memory
   const unsigned long long* offset_at;  // (the forward's 0-dim outputs), with no host round trip
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
-  long long row_stride;  // elements from one mask row to the next (>= seq_kv: a Bool mask's rows are padded)
   float threshold;
-  unsigned int kept;   // the bits a kept element gets (of a 1-, 2- or 4-byte element)
+  unsigned int kept;   // the bits a kept element gets (of a 2- or 4-byte element)
   int element_bytes;
   int causal;          // top-left causal: (i, j) with j > i is masked out
   int vector_stores;   // the mask's address is 16-byte aligned: aligned groups store as one vector
 };
 __device__ __forceinline__ void storeMaskGroup(const Params& p, long long e, long long j0, const unsigned bits[4]) {
   if (p.vector_stores && j0 >= 0 && j0 + 4 <= p.seq_kv && (e & 3) == 0) {
-    if (p.element_bytes == 4) {
+    if (p.element_bytes == 4)
       reinterpret_cast<uint4*>(p.mask)[e >> 2] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
-    } else if (p.element_bytes == 2) {
+    else
       reinterpret_cast<uint2*>(p.mask)[e >> 2] = make_uint2(bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16));
-    } else {
-      reinterpret_cast<unsigned*>(p.mask)[e >> 2] = bits[0] | (bits[1] << 8) | (bits[2] << 16) | (bits[3] << 24);
-    }
     return;
   }
 #pragma unroll
@@ -50,10 +46,8 @@ __device__ __forceinline__ void storeMaskGroup(const Params& p, long long e, lon
     if (j0 + k < 0 || j0 + k >= p.seq_kv) continue;
     if (p.element_bytes == 4)
       static_cast<unsigned int*>(p.mask)[e + k] = bits[k];
-    else if (p.element_bytes == 2)
-      static_cast<unsigned short*>(p.mask)[e + k] = static_cast<unsigned short>(bits[k]);
     else
-      static_cast<u8*>(p.mask)[e + k] = static_cast<u8>(bits[k]);
+      static_cast<unsigned short*>(p.mask)[e + k] = static_cast<unsigned short>(bits[k]);
   }
 }
 extern "C" __global__ void meshfuse_dropout_mask(Params p) {
@@ -92,7 +86,7 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
           for (int k = 0; k < 4; ++k)
             if (j0 + k < computed && philoxUnitF(w[k]) >= p.threshold) bits[k] = p.kept;
         }
-        storeMaskGroup(p, row * p.row_stride + j0, j0, bits);
+        storeMaskGroup(p, row * p.seq_kv + j0, j0, bits);
       }
     }
   }
@@ -105,7 +99,6 @@ struct Params {
   const void* seed_at;
   const void* offset_at;
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
-  long long row_stride;
   float threshold;
   unsigned int kept;
   int element_bytes;
@@ -116,7 +109,6 @@ struct Params {
 float keepScale(double dropout_p) { return static_cast<float>(dropoutKeepScale(dropout_p)); }
 
 uint32_t keptBits(DataType dtype, float value) {
-  if (dtype == DataType::Bool) return 1;  // a 0/1 mask: the whole keep scale goes to cuDNN's dropout scale
   if (dtype == DataType::Float) return std::bit_cast<uint32_t>(value);
   return dtype == DataType::BFloat16 ? floatToBf16(value) : floatToHalf(value);
 }
@@ -129,7 +121,6 @@ namespace {
 // The keep scale as a mask of `dtype` holds it.
 float heldScale(double dropout_p, DataType dtype) {
   const float scale = keepScale(dropout_p);
-  if (dtype == DataType::Bool) return 1.0F;
   if (dtype == DataType::Float) return scale;
   const auto bits = static_cast<uint16_t>(keptBits(dtype, scale));
   return dtype == DataType::BFloat16 ? bf16ToFloat(bits) : halfToFloat(bits);
@@ -140,9 +131,12 @@ MaskWidth maskWidthFromEnvironment() {
   const char* e = std::getenv("MESHFUSE_ATTENTION_MASK");
   const std::string v = e == nullptr ? "" : e;
   if (v.empty() || v == "narrow") return MaskWidth::Narrow;
-  if (v == "byte") return MaskWidth::Byte;
   if (v == "exact") return MaskWidth::Exact;
-  throw UserError("MESHFUSE_ATTENTION_MASK=" + v + " is not one of byte, narrow, exact");
+  if (v == "byte")  // withdrawn in session 15: dropout_mask.h says why
+    throw UserError(
+        "MESHFUSE_ATTENTION_MASK=byte was withdrawn: cuDNN 9.19's attention backward applies a one-byte "
+        "dropout mask as if every element were dropped; use narrow (the default) or exact");
+  throw UserError("MESHFUSE_ATTENTION_MASK=" + v + " is not one of narrow, exact");
 }
 
 DataType dropoutMaskDataType(double dropout_p, DataType io) {
@@ -151,27 +145,16 @@ DataType dropoutMaskDataType(double dropout_p, DataType io) {
 }
 
 DataType dropoutMaskDataType(double dropout_p, DataType io, MaskWidth width) {
-  switch (width) {
-    case MaskWidth::Byte: return DataType::Bool;
-    case MaskWidth::Narrow: return io;
-    default: return heldScale(dropout_p, io) == keepScale(dropout_p) ? io : DataType::Float;
-  }
+  if (width == MaskWidth::Narrow) return io;
+  return heldScale(dropout_p, io) == keepScale(dropout_p) ? io : DataType::Float;
 }
 
 float dropoutScaleCorrection(double dropout_p, DataType mask_dtype) {
   return keepScale(dropout_p) / heldScale(dropout_p, mask_dtype);
 }
 
-int64_t dropoutMaskRowStride(int64_t seq_kv, DataType dtype) {
-  if (dtype != DataType::Bool) return seq_kv;
-  constexpr int64_t kRowBytes = 16;
-  return (seq_kv + kRowBytes - 1) / kRowBytes * kRowBytes;
-}
-
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at, const void* offset_at) {
-  const int64_t row_stride = dropoutMaskRowStride(p.seq_kv, dtype);
-  const Tensor padded = Tensor::empty({p.batch, p.heads, p.seq_q, row_stride}, dtype, Device::cuda(device));
-  Tensor mask = padded.slice(3, 0, p.seq_kv);
+  Tensor mask = Tensor::empty({p.batch, p.heads, p.seq_q, p.seq_kv}, dtype, Device::cuda(device));
   Params params{mask.data(),
                 p.seed,
                 p.offset,
@@ -184,7 +167,6 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
                 p.head_offset,
                 p.global_heads,
                 mask.numel(),
-                row_stride,
                 static_cast<float>(p.dropout_p),
                 keptBits(dtype, keepScale(p.dropout_p)),
                 static_cast<int>(dataTypeSize(dtype)),
@@ -201,71 +183,6 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
   launchKernel(kernel, static_cast<unsigned>(grid_x), 256, currentStream(device), &params, 0,
                static_cast<unsigned>(grid_y));
   return mask;
-}
-
-namespace {
-// O / dropout_scale as a dense tensor, read through its strides: a block per row of the last axis
-// (the row's other indices divided out once per block), its threads along the row.
-const char* const kScaledOutputKernel = R"(
-struct ScaleParams {
-  const void* in;
-  void* out;
-  i64 size[3];    // the leading three axes (the last is `cols`)
-  i64 stride[4];  // the input's strides, in elements
-  i64 rows, cols;
-  float factor;
-  int bf16;
-};
-extern "C" __global__ void meshfuse_scaled_output(ScaleParams p) {
-  for (i64 row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const i64 i2 = row % p.size[2], i1 = (row / p.size[2]) % p.size[1], i0 = row / (p.size[2] * p.size[1]);
-    const i64 base = i0 * p.stride[0] + i1 * p.stride[1] + i2 * p.stride[2];
-    for (i64 c = threadIdx.x; c < p.cols; c += blockDim.x) {
-      const i64 from = base + c * p.stride[3], to = row * p.cols + c;
-      if (p.bf16) {
-        const __nv_bfloat16 x = static_cast<const __nv_bfloat16*>(p.in)[from];
-        static_cast<__nv_bfloat16*>(p.out)[to] = __float2bfloat16(__bfloat162float(x) * p.factor);
-      } else {
-        const __half x = static_cast<const __half*>(p.in)[from];
-        static_cast<__half*>(p.out)[to] = __float2half(__half2float(x) * p.factor);
-      }
-    }
-  }
-}
-)";
-
-struct ScaleParams {
-  const void* in;
-  void* out;
-  long long size[3];
-  long long stride[4];
-  long long rows, cols;
-  float factor;
-  int bf16;
-};
-}  // namespace
-
-std::string scaledOutputSource() { return kernelPrelude() + kScaledOutputKernel; }
-
-Tensor outputForDropoutBackward(int device, const Tensor& out, float dropout_scale) {
-  if (out.dim() != 4 || (out.dtype() != DataType::BFloat16 && out.dtype() != DataType::Half))
-    throw std::invalid_argument("outputForDropoutBackward: a 4-D BFloat16 or Half tensor, got " +
-                                shapeToString(out.shape()) + " " + toString(out.dtype()));
-  Tensor scaled = Tensor::empty(out.shape(), out.dtype(), Device::cuda(device));
-  ScaleParams params{out.data(),
-                     scaled.data(),
-                     {out.size(0), out.size(1), out.size(2)},
-                     {out.strides()[0], out.strides()[1], out.strides()[2], out.strides()[3]},
-                     out.size(0) * out.size(1) * out.size(2),
-                     out.size(3),
-                     1.0F / dropout_scale,
-                     out.dtype() == DataType::BFloat16 ? 1 : 0};
-  if (scaled.numel() == 0) return scaled;
-  KernelFunction kernel = cachedKernel(
-      device, "meshfuse_scaled_output", [] { return scaledOutputSource(); }, "meshfuse_scaled_output");
-  const int64_t grid = std::min<int64_t>(params.rows, int64_t{multiprocessorCount(device)} * 32);
-  launchKernel(kernel, static_cast<unsigned>(grid), 128, currentStream(device), &params);
-  return scaled;
 }
 
 namespace {

@@ -23,6 +23,7 @@
 #include "runtime/cuda/reduction.h"
 #include "runtime/cuda/strided_copy.h"
 #include "runtime/half.h"
+#include "scoped_env.h"
 
 namespace meshfuse {
 namespace {
@@ -726,7 +727,7 @@ TEST(DropoutMaskCodegen, CompilesForSm90) {
 
 // An exact mask (MESHFUSE_ATTENTION_MASK=exact) holds the keep scale 1 / (1 - p): in the io dtype
 // where that dtype holds it exactly, else in fp32 (so CUDA scales by the very float the CPU kernel
-// does). A narrow one is in the io dtype whatever p is, a byte one is Bool; narrow is the default.
+// does). A narrow one is in the io dtype whatever p is; narrow is the default.
 TEST(DropoutMaskCodegen, MaskDtypeFollowsTheWidth) {
   using cuda::MaskWidth;
   EXPECT_EQ(cuda::dropoutMaskDataType(0.2, DataType::BFloat16, MaskWidth::Exact), DataType::BFloat16);  // 1.25
@@ -736,15 +737,30 @@ TEST(DropoutMaskCodegen, MaskDtypeFollowsTheWidth) {
   EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::Half, MaskWidth::Exact), DataType::Float);
   EXPECT_EQ(cuda::dropoutMaskDataType(0.25, DataType::BFloat16, MaskWidth::Exact), DataType::Float);  // 1.333...
   EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16, MaskWidth::Narrow), DataType::BFloat16);
-  EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::Half, MaskWidth::Byte), DataType::Bool);
   EXPECT_EQ(cuda::dropoutMaskDataType(0.1, DataType::BFloat16),
             cuda::dropoutMaskDataType(0.1, DataType::BFloat16, cuda::maskWidthFromEnvironment()));
   const char* env = std::getenv("MESHFUSE_ATTENTION_MASK");
   if (env == nullptr) EXPECT_EQ(cuda::maskWidthFromEnvironment(), MaskWidth::Narrow);
 }
 
+// The one-byte mask was withdrawn (cuDNN's backward applies it as all dropped: dropout_mask.h); a user
+// who still sets it gets an error that says so, not wrong gradients.
+TEST(DropoutMaskCodegen, TheWithdrawnByteWidthIsAClearError) {
+  const testing::ScopedEnv width("MESHFUSE_ATTENTION_MASK", "byte");
+  try {
+    cuda::maskWidthFromEnvironment();
+    ADD_FAILURE() << "MESHFUSE_ATTENTION_MASK=byte was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("withdrawn"), std::string::npos) << e.what();
+  }
+  const testing::ScopedEnv other("MESHFUSE_ATTENTION_MASK", "wide");
+  EXPECT_THROW(cuda::maskWidthFromEnvironment(), UserError);
+  const testing::ScopedEnv exact("MESHFUSE_ATTENTION_MASK", "exact");
+  EXPECT_EQ(cuda::maskWidthFromEnvironment(), cuda::MaskWidth::Exact);
+}
+
 // The mask's value times cuDNN's dropout scale is the keep scale to float rounding: a narrow mask's
-// rounded scale is corrected, a 0/1 mask leaves it all to the dropout scale, an exact mask none.
+// rounded scale is corrected, an exact mask's not at all.
 TEST(DropoutMaskCodegen, DropoutScaleCarriesWhatTheMaskDoesNot) {
   for (DataType io : {DataType::BFloat16, DataType::Half}) {
     for (double p : {0.1, 0.2, 0.25, 0.5}) {
@@ -755,16 +771,11 @@ TEST(DropoutMaskCodegen, DropoutScaleCarriesWhatTheMaskDoesNot) {
                                                         : halfToFloat(floatToHalf(static_cast<float>(1 / (1 - p))));
       EXPECT_NEAR(rounded * correction, 1 / (1 - p), 1e-6) << toString(io) << " p " << p;
       EXPECT_LT(std::abs(correction - 1), io == DataType::BFloat16 ? 4e-3 : 5e-4) << toString(io) << " p " << p;
-      EXPECT_FLOAT_EQ(cuda::dropoutScaleCorrection(p, DataType::Bool), static_cast<float>(1 / (1 - p)));
     }
     EXPECT_EQ(cuda::dropoutMaskDataType(0.1, io, cuda::MaskWidth::Exact), DataType::Float);
     EXPECT_EQ(cuda::dropoutScaleCorrection(0.1, DataType::Float), 1.0F);
     EXPECT_EQ(cuda::dropoutScaleCorrection(0.5, io), 1.0F);
   }
-}
-
-TEST(DropoutMaskCodegen, ScaledOutputCompilesForSm90) {
-  EXPECT_FALSE(cuda::compileToCubin(cuda::scaledOutputSource(), "scaled_output", "sm_90").empty());
 }
 
 TEST(VectorizedCopyCodegen, CompilesForSm90) {

@@ -2,7 +2,7 @@
 // stream drawn one element at a time on the CPU (philox::drawElement at the element's global index,
 // AttentionParams::dropoutIndex): rows whose length is odd (s_kv = 17, 1001) so that rows start and
 // end mid-counter, a sharded (batch, head) block, causal rows (0 past the diagonal), and every mask
-// dtype (Bool: 0/1 bytes). Also the backward's O divided by the dropout scale, read through strides.
+// dtype.
 // Skipped without a GPU (the kernel's source compiles in test_cuda_codegen.cpp).
 #include <gtest/gtest.h>
 
@@ -23,7 +23,6 @@ float maskValue(const Tensor& mask, int64_t e) {
   switch (mask.dtype()) {
     case DataType::Float: return reinterpret_cast<const float*>(p)[e];
     case DataType::Half: return halfToFloat(reinterpret_cast<const uint16_t*>(p)[e]);
-    case DataType::Bool: return static_cast<float>(reinterpret_cast<const uint8_t*>(p)[e]);
     default: return bf16ToFloat(reinterpret_cast<const uint16_t*>(p)[e]);
   }
 }
@@ -40,7 +39,7 @@ TEST(CudaDropoutMask, EveryElementIsItsGlobalIndexsDraw) {
                                      {2, 1, 33, 130, 0, 1, 2}};
   for (const Shape& s : shapes)
     for (bool causal : {false, true})
-      for (DataType dtype : {DataType::Float, DataType::Half, DataType::BFloat16, DataType::Bool}) {
+      for (DataType dtype : {DataType::Float, DataType::Half, DataType::BFloat16}) {
         AttentionParams p;
         p.batch = s.batch;
         p.heads = s.heads;
@@ -54,63 +53,22 @@ TEST(CudaDropoutMask, EveryElementIsItsGlobalIndexsDraw) {
         p.seed = (1ull << 40) + 17;
         p.offset = 12345;
         SCOPED_TRACE("s_kv " + std::to_string(s.seq_kv) + (causal ? " causal " : " ") + toString(dtype));
-        // The mask's rows lie dropoutMaskRowStride apart (a Bool mask's padded to 16 bytes): the whole
-        // buffer comes to the host and its elements are read through the stride.
-        const Tensor on_device = cuda::dropoutMask(0, p, dtype);
-        const int64_t row_stride = cuda::dropoutMaskRowStride(p.seq_kv, dtype);
-        ASSERT_EQ(on_device.strides()[2], row_stride);
-        const Tensor mask = Tensor::fromBlob(on_device.data(), dtype, {p.batch * p.heads * p.seq_q * row_stride}, {1},
-                                             on_device.device(), [](void*) {})
-                                .to(Device::cpu());
-        const float keep = dtype == DataType::Bool ? 1.0f : 1.25f;  // a 0/1 mask, or the keep scale
-        int64_t differ = 0, kept = 0;
+        const Tensor mask = cuda::dropoutMask(0, p, dtype).to(Device::cpu());
+        const float keep = 1.25f;  // the keep scale
+        int64_t differ = 0, kept = 0, e = 0;
         for (int64_t b = 0; b < s.batch; ++b)
           for (int64_t h = 0; h < s.heads; ++h)
             for (int64_t i = 0; i < s.seq_q; ++i)
-              for (int64_t j = 0; j < s.seq_kv; ++j) {
+              for (int64_t j = 0; j < s.seq_kv; ++j, ++e) {
                 const double u = philox::drawElement(p.dropoutIndex(b, h, i, j), p.offset, p.seed, false, false, 0, 1);
                 const bool want = (!causal || j <= i) && static_cast<float>(u) >= static_cast<float>(p.dropout_p);
-                const float got = maskValue(mask, ((b * s.heads + h) * s.seq_q + i) * row_stride + j);
+                const float got = maskValue(mask, e);
                 differ += (got != 0) != want || (want && got != keep);
                 kept += want;
               }
         EXPECT_EQ(differ, 0);
         EXPECT_GT(kept, 0);
       }
-}
-
-// outputForDropoutBackward reads a permuted (non-contiguous) 4-D view and writes it dense, divided.
-TEST(CudaDropoutMask, OutputForTheBackwardIsDenseAndDivided) {
-  std::string why;
-  if (cuda::deviceCount(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
-  for (DataType dtype : {DataType::BFloat16, DataType::Half}) {
-    // [b, s, h, d] storage viewed as [b, h, s, d], as the transformer's attention output arrives.
-    const std::vector<int64_t> stored{2, 5, 3, 24};
-    Tensor host = Tensor::empty(stored, dtype, Device::cpu());
-    auto* bits = static_cast<uint16_t*>(host.data());
-    for (int64_t e = 0; e < host.numel(); ++e) {
-      const float x = static_cast<float>((e * 37) % 101) / 16.0F - 3.0F;
-      bits[e] = dtype == DataType::BFloat16 ? floatToBf16(x) : floatToHalf(x);
-    }
-    const Tensor device = host.to(Device::cuda(0)).permute({0, 2, 1, 3});
-    ASSERT_FALSE(device.isContiguous());
-    const float scale = 1.0F / 0.9F;
-    const Tensor out = cuda::outputForDropoutBackward(0, device, scale).to(Device::cpu());
-    ASSERT_EQ(out.shape(), (std::vector<int64_t>{2, 3, 5, 24}));
-    ASSERT_TRUE(out.isContiguous());
-    const auto* got = static_cast<const uint16_t*>(out.data());
-    int64_t differ = 0, e = 0;
-    for (int64_t b = 0; b < 2; ++b)
-      for (int64_t h = 0; h < 3; ++h)
-        for (int64_t s = 0; s < 5; ++s)
-          for (int64_t d = 0; d < 24; ++d, ++e) {
-            const uint16_t x = bits[((b * 5 + s) * 3 + h) * 24 + d];
-            const float v = (dtype == DataType::BFloat16 ? bf16ToFloat(x) : halfToFloat(x)) * (1.0F / scale);
-            const uint16_t want = dtype == DataType::BFloat16 ? floatToBf16(v) : floatToHalf(v);
-            differ += got[e] != want;
-          }
-    EXPECT_EQ(differ, 0) << toString(dtype);
-  }
 }
 
 }  // namespace
