@@ -12,7 +12,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
-from timing import best_time, mask_width  # noqa: E402 (this directory, first on the path of a script run)
+from timing import best_time, kernel_profile, mask_width  # noqa: E402 (this directory, first on the path of a script run)
 
 
 def flops(b, h, s, d, causal, backward=False):
@@ -92,6 +92,14 @@ def gpu(args):
                       f"{flops(b, h, s, d, causal) / t_t / 1e12:9.0f}", flush=True)
             except RuntimeError as e:
                 print(f"{'':>16} {'':>6} {'':>7} {name:>10} unavailable: {str(e).splitlines()[0][:60]}")
+        if args.profile:  # one call each under torch.profiler: where meshfuse's time goes against cuDNN's
+            sync = torch.cuda.synchronize
+            kernel_profile("mf fwd", lambda: fwd.execute([q, k, v]), sync)
+            kernel_profile("mf bwd", lambda: bwd.execute(bargs), sync)
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+                kernel_profile("cudnn fwd", lambda: F.scaled_dot_product_attention(qq, kk, vv, dropout_p=p,
+                                                                                   is_causal=causal), sync)
         del q, k, v, go, out, lse_v
         torch.cuda.empty_cache()
 
@@ -174,6 +182,8 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cpu-dropout", action="store_true", help="CPU: what dropout costs the attention kernels")
     ap.add_argument("--dropout", type=float, nargs="+", default=[0.0], help="GPU: attention dropout probabilities")
+    ap.add_argument("--profile", action="store_true",
+                    help="GPU: a kernel profile of one meshfuse and one torch cuDNN call per row (torch.profiler)")
     ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact"],
                     help="GPU, with dropout: time meshfuse under each MESHFUSE_ATTENTION_MASK width")
     ap.add_argument("--shapes", nargs="+", default=["1,96,2048", "4,32,4096", "1,32,8192"],

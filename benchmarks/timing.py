@@ -1,4 +1,5 @@
-"""What the Python benchmarks share: the best of several timed repeats, and an environment switch."""
+"""What the Python benchmarks share: the best of several timed repeats, an environment switch, and a
+kernel profile under torch.profiler (GPU)."""
 
 import contextlib
 import os
@@ -33,3 +34,43 @@ def mask_width(width):
             os.environ.pop("MESHFUSE_ATTENTION_MASK", None)
         else:
             os.environ["MESHFUSE_ATTENTION_MASK"] = before
+
+
+def kernel_profile(label, fn, sync, top=8):
+    """One call of fn under torch.profiler: wall time, the GPU's busy time (kernels and copies, all
+    streams, so host gaps show as wall - busy), and the kernels that take most of it."""
+    from torch.profiler import ProfilerActivity, profile
+    sync()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    wall = (time.perf_counter() - start) * 1e3
+    by_name, busy = {}, 0.0
+    for e in prof.events():
+        # device_time (torch >= 2.4); cuda_time only where it is missing (it warns as deprecated).
+        us = e.device_time if hasattr(e, "device_time") else getattr(e, "cuda_time", 0.0)
+        us = us or 0.0
+        if str(getattr(e, "device_type", "")).endswith("CUDA") and us:
+            busy += us / 1e3
+            by_name[e.name] = by_name.get(e.name, 0.0) + us / 1e3
+    tops = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    print(f"# {label:<10} {wall:>8.2f} {busy:>12.2f}  " + "; ".join(f"{n[:60]} {ms:.3f}" for n, ms in tops))
+    print_idle_gaps(label, prof)
+
+
+def print_idle_gaps(label, prof, top=6, min_us=5.0):
+    """Where the GPU sat idle between the first and the last kernel of the call (host launch cost,
+    synchronizations): the gaps longer than min_us, with the kernels on either side of each."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start)
+    gaps, reach, before = [], None, None
+    for start, end, name in spans:
+        if reach is not None and start - reach > min_us:
+            gaps.append((start - reach, before, name))
+        if reach is None or end > reach:
+            reach, before = end, name
+    total = sum(g for g, _, _ in gaps) / 1e3
+    worst = sorted(gaps, key=lambda g: -g[0])[:top]
+    print(f"#   {label} idle inside the call: {total:.2f} ms in {len(gaps)} gaps > {min_us:.0f} us; longest: " +
+          "; ".join(f"{g:.0f} us {a[:28]} -> {b[:28]}" for g, a, b in worst))
