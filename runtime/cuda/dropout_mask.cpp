@@ -189,29 +189,26 @@ namespace {
 const char* const kStoreKernel = R"(
 struct StoreParams {
   long long* out;
-  long long seed, offset;
+  long long value;
 };
-extern "C" __global__ void meshfuse_store_philox(StoreParams p) {
-  p.out[0] = p.seed;
-  p.out[1] = p.offset;
-}
+extern "C" __global__ void meshfuse_store_int64(StoreParams p) { *p.out = p.value; }
 )";
 
 struct StoreParams {
   void* out;
-  long long seed, offset;
+  long long value;
 };
 }  // namespace
 
-std::string storePhiloxSource() { return kStoreKernel; }
+std::string storeInt64Source() { return kStoreKernel; }
 
-std::pair<Tensor, Tensor> devicePhiloxScalars(int device, int64_t seed, int64_t offset) {
-  const Tensor both = Tensor::empty({2}, DataType::Int, Device::cuda(device));
-  StoreParams params{both.data(), static_cast<long long>(seed), static_cast<long long>(offset)};
+Tensor deviceInt64Scalar(int device, int64_t value) {
+  Tensor t = Tensor::empty({}, DataType::Int, Device::cuda(device));
+  StoreParams params{t.data(), static_cast<long long>(value)};
   KernelFunction kernel = cachedKernel(
-      device, "meshfuse_store_philox", [] { return storePhiloxSource(); }, "meshfuse_store_philox");
+      device, "meshfuse_store_int64", [] { return storeInt64Source(); }, "meshfuse_store_int64");
   launchKernel(kernel, 1, 1, currentStream(device), &params);
-  return {both.slice(0, 0, 1).view({}), both.slice(0, 1, 1).view({})};
+  return t;
 }
 
 }  // namespace meshfuse::cuda
