@@ -1,0 +1,68 @@
+"""The CPU benchmark scripts still run, each at a tiny size in a child process with a time limit: a
+change to the library or to a script that breaks a benchmark fails here, not in the next measuring
+session. Their timings are not asserted (benchmarks measure, tests assert); the accuracy each script
+prints against its float64 or numpy reference is."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
+
+
+def run_script(*args, timeout=120):
+    """The script's standard output; fails with its output when it exits non-zero or runs too long."""
+    # The checkout's meshfuse first, as the README runs the benchmarks (some scripts add it themselves).
+    path = os.pathsep.join(p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
+    try:
+        run = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(args)} ran past {timeout} s: {e.stdout!r}")
+    assert run.returncode == 0, f"{' '.join(args)} exited {run.returncode}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    return run.stdout
+
+
+def floats_after(label, text):
+    return [float(x) for x in re.findall(re.escape(label) + r"\s*([0-9.eE+-]+)", text)]
+
+
+def test_attention_cpu_matches_numpy():
+    out = run_script("benchmarks/attention.py", "--cpu", "--reps", "1")
+    diffs = floats_after("max|diff|", out)
+    assert len(diffs) == 2, out  # causal and not
+    assert max(diffs) < 1e-4, out
+
+
+def test_attention_cpu_dropout_cost():
+    out = run_script("benchmarks/attention.py", "--cpu-dropout", "--reps", "1")
+    assert len(floats_after("sdpfa_bwd", out)) == 2, out  # dropout 0 and 0.1
+
+
+def test_pointwise_chain_matches_float64():
+    out = run_script("benchmarks/pointwise_chain.py", "--shape", "64", "256", "--calls", "1", "--repeat", "1")
+    (err,) = floats_after("max |error| vs float64", out)
+    assert err < 1e-5, out
+    assert "meshfuse interpreted" in out, out
+
+
+def test_norms_cpu_table():
+    out = run_script("benchmarks/norms.py", "--device", "cpu", "--rows", "64", "--cols", "256", "--repeat", "1")
+    for case in ("| layernorm | meshfuse |", "| rmsnorm | meshfuse |", "| layernorm_bwd | meshfuse |"):
+        assert case in out, out
+
+
+def test_host_overhead_table():
+    out = run_script("benchmarks/host_overhead.py", "--iters", "50")
+    assert "cached execute of add" in out, out
+
+
+def test_transformer_cpu_one_rank():
+    pytest.importorskip("torch")  # its peer is the same layer in torch
+    out = run_script("benchmarks/transformer.py", "--device", "cpu", "--hidden", "64", "--sequence", "32", "--heads",
+                     "4", "--iters", "1", "--warmup", "1", "--breakdown", "1")
+    for row in ("forward ", "forward+backward ", "rank 0 forward ms by segment kind", "rank 0 backward ms"):
+        assert row in out, out
