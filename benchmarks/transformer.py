@@ -160,6 +160,7 @@ def run_cpu(args):
     rows.append(("forward+backward", timed(mf_step, barrier, args.warmup, args.iters),
                  timed(torch_step, barrier, args.warmup, args.iters)))
     parts = cpu_breakdown(layer, x, dy, args) if args.breakdown else None
+    floor_ms = gemm_floor_ms(cfg, d)
     if d > 1:  # torch 1.13 aborts at exit when its gloo group's threads outlive the interpreter
         torch.distributed.destroy_process_group()
     if rank == 0:
@@ -167,12 +168,40 @@ def run_cpu(args):
               f"h={cfg.heads} fp32, threads/rank={torch.get_num_threads()}")
         print(f"{'pass':<18}{'meshfuse ms':>13}{'torch gloo ms':>15}{'speed-up':>10}{'GFLOP/s mf':>12}")
         for name, mf, tt in rows:
-            flops = layer_flops(cfg, name != "forward") / d
+            # forward+backward: the forward's FLOPs and the backward's (twice them). (Before session 15
+            # this row counted the backward's alone, reading a third low.)
+            flops = (layer_flops(cfg, False) + (layer_flops(cfg, True) if name != "forward" else 0)) / d
             print(f"{name:<18}{mf * 1e3:>13.2f}{tt * 1e3:>15.2f}{tt / mf:>9.2f}x{flops / mf / 1e9:>12.1f}")
+        floor, rate, shape = floor_ms
+        print(f"# GEMM floor: {floor:.1f} ms a step, the layer's FLOPs at meshfuse's matmul rate on its largest "
+              f"per-rank product ({rate:.0f} GFLOP/s, {shape}); torch's step / floor = "
+              f"{rows[-1][2] * 1e3 / floor:.2f}x, the most any speed-up could reach on this machine")
         for name, kinds in (parts or {}).items():
             desc = ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
             print(f"# rank 0 {name} ms by segment kind (mean of {args.breakdown} traced steps): {desc}, "
                   f"total {sum(kinds.values()):.2f}")
+
+
+def gemm_floor_ms(cfg, d):
+    """(ms, GFLOP/s, shape): a step's FLOPs (forward and backward, per rank) at the rate meshfuse's own
+    matmul reaches on the layer's largest per-rank product, fc1's [b s, e] x [e, 4e/d]: the least a step
+    could take were it nothing but GEMMs at that rate (smaller products run slower, so it is a bound)."""
+    from meshfuse import FusionDefinition
+    m, k, n = cfg.batch * cfg.sequence, cfg.hidden, 4 * cfg.hidden // d
+    rng = np.random.default_rng(1)
+    a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
+    with FusionDefinition() as fd:
+        ta, tw = fd.define_tensor([m, k]), fd.define_tensor([n, k])
+        fd.add_output(fd.ops.matmul(ta, fd.ops.permute(tw, [1, 0])))
+    fd.execute([a, w])
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fd.execute([a, w])
+        best = min(best, time.perf_counter() - t0)
+    rate = 2.0 * m * n * k / best
+    flops = (layer_flops(cfg, False) + layer_flops(cfg, True)) / d
+    return flops / rate * 1e3, rate / 1e9, f"[{m}, {k}] x [{k}, {n}]"
 
 
 def cpu_breakdown(layer, x, dy, args):

@@ -64,5 +64,6 @@ def test_transformer_cpu_one_rank():
     pytest.importorskip("torch")  # its peer is the same layer in torch
     out = run_script("benchmarks/transformer.py", "--device", "cpu", "--hidden", "64", "--sequence", "32", "--heads",
                      "4", "--iters", "1", "--warmup", "1", "--breakdown", "1")
-    for row in ("forward ", "forward+backward ", "rank 0 forward ms by segment kind", "rank 0 backward ms"):
+    for row in ("forward ", "forward+backward ", "rank 0 forward ms by segment kind", "rank 0 backward ms",
+                "# GEMM floor:"):
         assert row in out, out
