@@ -12,6 +12,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 import meshfuse  # noqa: E402
 from meshfuse import DataType, FusionDefinition  # noqa: E402
 
+# After a CUDA fault, the later CUDA tests report it instead of each failing on a dead context.
+pytest_plugins = ["cuda_fault_guard"]
+
 NUMPY_DTYPE = {
     DataType.Float: np.float32,
     DataType.Double: np.float64,
