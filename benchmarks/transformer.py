@@ -195,7 +195,7 @@ def gemm_floor_ms(cfg, d):
         fd.add_output(fd.ops.matmul(ta, fd.ops.permute(tw, [1, 0])))
     fd.execute([a, w])
     best = float("inf")
-    for _ in range(5):
+    for _ in range(20):  # the best of many: the machine's rate when nothing else takes the core
         t0 = time.perf_counter()
         fd.execute([a, w])
         best = min(best, time.perf_counter() - t0)
