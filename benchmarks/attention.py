@@ -12,7 +12,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
-from timing import best_time, kernel_profile, mask_width  # noqa: E402 (this directory, first on the path of a script run)
+from timing import best_time, kernel_profile, scoped_env  # noqa: E402 (this directory, first on the path of a script run)
 
 
 def flops(b, h, s, d, causal, backward=False):
@@ -69,7 +69,7 @@ def gpu(args):
         # With dropout, one row per mask width asked for (MESHFUSE_ATTENTION_MASK, read at each
         # execute): the widths compared in one process, on the same inputs.
         for width in (args.mask_widths or [None]) if p > 0 else [None]:
-            with mask_width(width):
+            with scoped_env("MESHFUSE_ATTENTION_MASK", width):
                 t_f = timed(lambda: fwd.execute([q, k, v]), args.iters)
                 t_b = timed(lambda: bwd.execute(bargs), args.iters)
             name = "meshfuse" if width is None else f"mf {width}"

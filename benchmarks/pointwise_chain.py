@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
 from meshfuse import FusionDefinition  # noqa: E402
-from timing import best_time  # noqa: E402
+from timing import best_time, scoped_env  # noqa: E402
 
 C, A = math.sqrt(2.0 / math.pi), 0.044715
 
@@ -63,13 +63,8 @@ def main():
     rows = [("meshfuse (1 segment)", best_time(lambda: fd.execute([u, dy]), args.calls, args.repeat))]
     # The same segment through the interpreter (one pass over a tile buffer per op), which the
     # compiled loop (MESHFUSE_CPU_CODEGEN=auto, its default) replaces at this size.
-    previous = os.environ.get("MESHFUSE_CPU_CODEGEN")
-    os.environ["MESHFUSE_CPU_CODEGEN"] = "off"
-    rows.append(("meshfuse interpreted", best_time(lambda: fd.execute([u, dy]), args.calls, args.repeat)))
-    if previous is None:
-        del os.environ["MESHFUSE_CPU_CODEGEN"]
-    else:
-        os.environ["MESHFUSE_CPU_CODEGEN"] = previous
+    with scoped_env("MESHFUSE_CPU_CODEGEN", "off"):
+        rows.append(("meshfuse interpreted", best_time(lambda: fd.execute([u, dy]), args.calls, args.repeat)))
     rows.append(("numpy", best_time(lambda: gelu_backward(np, u, dy), args.calls, args.repeat)))
     try:
         import jax

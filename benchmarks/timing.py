@@ -1,5 +1,5 @@
-"""What the Python benchmarks share: the best of several timed repeats, an environment switch, and a
-kernel profile under torch.profiler (GPU)."""
+"""What the Python benchmarks share: the best of several timed repeats, a scoped environment
+variable (the settings meshfuse reads at each execute), and a kernel profile under torch.profiler (GPU)."""
 
 import contextlib
 import os
@@ -22,18 +22,19 @@ def best_time(fn, calls=1, repeat=5, warmup=True):
 
 
 @contextlib.contextmanager
-def mask_width(width):
-    """MESHFUSE_ATTENTION_MASK=width inside the block (None: as the caller's environment has it)."""
-    before = os.environ.get("MESHFUSE_ATTENTION_MASK")
-    if width is not None:
-        os.environ["MESHFUSE_ATTENTION_MASK"] = width
+def scoped_env(name, value):
+    """The environment variable `name` set to `value` inside the block (None: left as the caller's
+    environment has it), and restored after: for settings meshfuse reads at each execute."""
+    before = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("MESHFUSE_ATTENTION_MASK", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["MESHFUSE_ATTENTION_MASK"] = before
+            os.environ[name] = before
 
 
 def kernel_profile(label, fn, sync, top=8):

@@ -31,7 +31,7 @@ from meshfuse import DataType  # noqa: E402
 from meshfuse.models import transformer as tf  # noqa: E402
 from meshfuse.multidevice import Communicator  # noqa: E402
 from meshfuse.torch import TransformerLayer  # noqa: E402
-from timing import kernel_profile, mask_width  # noqa: E402 (this directory, first on the path of a script run)
+from timing import best_time, kernel_profile, scoped_env  # noqa: E402 (this directory, first on the path of a script run)
 
 
 def layer_flops(cfg, backward):
@@ -39,6 +39,11 @@ def layer_flops(cfg, backward):
     attention = 4 * b * s * s * e * (0.5 if cfg.causal else 1.0)
     forward = 24 * b * s * e * e + attention
     return 2 * forward if backward else forward
+
+
+def step_flops(cfg):
+    """A training step's FLOPs: the forward's and the backward's (twice them)."""
+    return layer_flops(cfg, False) + layer_flops(cfg, True)
 
 
 class _AllReduce(torch.autograd.Function):
@@ -168,9 +173,8 @@ def run_cpu(args):
               f"h={cfg.heads} fp32, threads/rank={torch.get_num_threads()}")
         print(f"{'pass':<18}{'meshfuse ms':>13}{'torch gloo ms':>15}{'speed-up':>10}{'GFLOP/s mf':>12}")
         for name, mf, tt in rows:
-            # forward+backward: the forward's FLOPs and the backward's (twice them). (Before session 15
-            # this row counted the backward's alone, reading a third low.)
-            flops = (layer_flops(cfg, False) + (layer_flops(cfg, True) if name != "forward" else 0)) / d
+            # (Before session 15 the forward+backward row counted the backward's alone, a third low.)
+            flops = (layer_flops(cfg, False) if name == "forward" else step_flops(cfg)) / d
             print(f"{name:<18}{mf * 1e3:>13.2f}{tt * 1e3:>15.2f}{tt / mf:>9.2f}x{flops / mf / 1e9:>12.1f}")
         floor, rate, shape = floor_ms
         print(f"# GEMM floor: {floor:.1f} ms a step, the layer's FLOPs at meshfuse's matmul rate on its largest "
@@ -193,15 +197,9 @@ def gemm_floor_ms(cfg, d):
     with FusionDefinition() as fd:
         ta, tw = fd.define_tensor([m, k]), fd.define_tensor([n, k])
         fd.add_output(fd.ops.matmul(ta, fd.ops.permute(tw, [1, 0])))
-    fd.execute([a, w])
-    best = float("inf")
-    for _ in range(20):  # the best of many: the machine's rate when nothing else takes the core
-        t0 = time.perf_counter()
-        fd.execute([a, w])
-        best = min(best, time.perf_counter() - t0)
-    rate = 2.0 * m * n * k / best
-    flops = (layer_flops(cfg, False) + layer_flops(cfg, True)) / d
-    return flops / rate * 1e3, rate / 1e9, f"[{m}, {k}] x [{k}, {n}]"
+    # The best of many: the machine's rate when nothing else takes the core.
+    rate = 2.0 * m * n * k / best_time(lambda: fd.execute([a, w]), repeat=20)
+    return step_flops(cfg) / d / rate * 1e3, rate / 1e9, f"[{m}, {k}] x [{k}, {n}]"
 
 
 def cpu_breakdown(layer, x, dy, args):
@@ -271,7 +269,7 @@ def run_cuda(args):
     # every width drops the same elements.
     widths = []
     for width in args.mask_widths or []:
-        with mask_width(width):
+        with scoped_env("MESHFUSE_ATTENTION_MASK", width):
             widths.append((width, timed(lambda: fwd.execute(ins), sync, args.warmup, args.iters),
                            timed(lambda: bwd.execute(bwd_ins), sync, args.warmup, args.iters)))
 
