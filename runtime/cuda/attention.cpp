@@ -309,8 +309,8 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     Tensor lse = Tensor::empty({p.batch, p.heads, p.seq_q}, DataType::Float, dev);
     pack[built->tensors.at("o")] = o.data();
     pack[built->tensors.at("stats")] = lse.data();
-    outputs = {o, lse, deviceInt64Scalar(device, static_cast<int64_t>(p.seed)),
-               deviceInt64Scalar(device, static_cast<int64_t>(p.offset))};
+    auto [seed, offset] = devicePhiloxScalars(device, static_cast<int64_t>(p.seed), static_cast<int64_t>(p.offset));
+    outputs = {o, lse, seed, offset};
   } else {
     bind("dO", tensors[kBwdGradOut]);
     bind("q", tensors[kBwdQ]);

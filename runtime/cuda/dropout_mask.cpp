@@ -189,26 +189,29 @@ namespace {
 const char* const kStoreKernel = R"(
 struct StoreParams {
   long long* out;
-  long long value;
+  long long seed, offset;
 };
-extern "C" __global__ void meshfuse_store_int64(StoreParams p) { *p.out = p.value; }
+extern "C" __global__ void meshfuse_store_philox(StoreParams p) {
+  p.out[0] = p.seed;
+  p.out[1] = p.offset;
+}
 )";
 
 struct StoreParams {
   void* out;
-  long long value;
+  long long seed, offset;
 };
 }  // namespace
 
-std::string storeInt64Source() { return kStoreKernel; }
+std::string storePhiloxSource() { return kStoreKernel; }
 
-Tensor deviceInt64Scalar(int device, int64_t value) {
-  Tensor t = Tensor::empty({}, DataType::Int, Device::cuda(device));
-  StoreParams params{t.data(), static_cast<long long>(value)};
+std::pair<Tensor, Tensor> devicePhiloxScalars(int device, int64_t seed, int64_t offset) {
+  const Tensor both = Tensor::empty({2}, DataType::Int, Device::cuda(device));
+  StoreParams params{both.data(), static_cast<long long>(seed), static_cast<long long>(offset)};
   KernelFunction kernel = cachedKernel(
-      device, "meshfuse_store_int64", [] { return storeInt64Source(); }, "meshfuse_store_int64");
+      device, "meshfuse_store_philox", [] { return storePhiloxSource(); }, "meshfuse_store_philox");
   launchKernel(kernel, 1, 1, currentStream(device), &params);
-  return t;
+  return {both.slice(0, 0, 1).view({}), both.slice(0, 1, 1).view({})};
 }
 
 }  // namespace meshfuse::cuda

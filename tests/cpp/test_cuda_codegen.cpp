@@ -722,7 +722,7 @@ TEST(NvrtcErrors, CompileErrorsCarryTheLog) {
 TEST(DropoutMaskCodegen, CompilesForSm90) {
   const std::string cubin = cuda::compileToCubin(cuda::dropoutMaskSource(), "dropout_mask", "sm_90");
   EXPECT_FALSE(cubin.empty());
-  EXPECT_FALSE(cuda::compileToCubin(cuda::storeInt64Source(), "store_int64", "sm_90").empty());
+  EXPECT_FALSE(cuda::compileToCubin(cuda::storePhiloxSource(), "store_philox", "sm_90").empty());
 }
 
 // An exact mask (MESHFUSE_ATTENTION_MASK=exact) holds the keep scale 1 / (1 - p): in the io dtype

@@ -71,6 +71,22 @@ TEST(CudaDropoutMask, EveryElementIsItsGlobalIndexsDraw) {
       }
 }
 
+// The forward's philox_seed and philox_offset outputs: two 0-dim Int views of one buffer, written by
+// one kernel.
+TEST(CudaDropoutMask, PhiloxScalarsHoldTheSeedAndTheOffset) {
+  std::string why;
+  if (cuda::deviceCount(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  const int64_t seed = (int64_t{1} << 40) + 17, offset = 123456789;
+  const auto [s, o] = cuda::devicePhiloxScalars(0, seed, offset);
+  for (const Tensor* t : {&s, &o}) {
+    EXPECT_EQ(t->dim(), 0);
+    EXPECT_EQ(t->dtype(), DataType::Int);
+    EXPECT_EQ(t->device(), Device::cuda(0));
+  }
+  EXPECT_EQ(s.to(Device::cpu()).dataAs<int64_t>()[0], seed);
+  EXPECT_EQ(o.to(Device::cpu()).dataAs<int64_t>()[0], offset);
+}
+
 }  // namespace
 }  // namespace meshfuse
 #endif  // MESHFUSE_HAVE_CUDA
