@@ -37,9 +37,10 @@ def scoped_env(name, value):
             os.environ[name] = before
 
 
-def kernel_profile(label, fn, sync, top=8):
+def kernel_profile(label, fn, sync, top=8, timeline=False):
     """One call of fn under torch.profiler: wall time, the GPU's busy time (kernels and copies, all
-    streams, so host gaps show as wall - busy), and the kernels that take most of it."""
+    streams, so host gaps show as wall - busy), and the kernels that take most of it; with timeline,
+    also every kernel in the order it ran (to tell apart the launches of one kernel name)."""
     from torch.profiler import ProfilerActivity, profile
     sync()
     start = time.perf_counter()
@@ -58,6 +59,16 @@ def kernel_profile(label, fn, sync, top=8):
     tops = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
     print(f"# {label:<10} {wall:>8.2f} {busy:>12.2f}  " + "; ".join(f"{n[:60]} {ms:.3f}" for n, ms in tops))
     print_idle_gaps(label, prof)
+    if timeline:
+        print_timeline(label, prof)
+
+
+def print_timeline(label, prof):
+    """Each GPU kernel or copy of the call, in start order, with its microseconds."""
+    spans = sorted((e.time_range.start, e.time_range.end - e.time_range.start, e.name) for e in prof.events()
+                   if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start)
+    for i, (_, us, name) in enumerate(spans):
+        print(f"#   {label} {i:3d} {us:9.1f} us  {name[:90]}")
 
 
 def print_idle_gaps(label, prof, top=6, min_us=5.0):

@@ -302,13 +302,13 @@ def run_cuda(args):
     trace = os.path.join(args.trace_dir, "transformer_bwd_trace.json")
     bwd.execute(bwd_ins, trace=trace)
     bwd_parts = trace_breakdown(trace)
-    if args.profile and rank == 0:
+    if (args.profile or args.profile_timeline) and rank == 0:
         print(f"# {'pass':<10} {'wall ms':>8} {'GPU busy ms':>12}  top kernels by GPU time (torch.profiler, CUPTI)")
         for label, fn in (("mf fwd", lambda: fwd.execute(ins)), ("mf bwd", lambda: bwd.execute(bwd_ins)),
                           ("torch fwd", lambda: torch_layer(xt, params, cfg, d)),
                           ("torch step", lambda: step(torch_layer))):
             with torch.no_grad() if label == "torch fwd" else contextlib.nullcontext():
-                kernel_profile(label, fn, sync)
+                kernel_profile(label, fn, sync, timeline=args.profile_timeline and label.startswith("mf"))
     if rank != 0:
         return
     print(f"# transformer layer, {torch.cuda.get_device_name()} x{d} ({schedule}), b={cfg.batch} s={cfg.sequence} "
@@ -354,6 +354,8 @@ def main():
                     help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_MASK width")
     ap.add_argument("--profile", action="store_true",
                     help="CUDA: also profile one call of each pass (GPU busy time and top kernels)")
+    ap.add_argument("--profile-timeline", action="store_true",
+                    help="CUDA: --profile, and list every kernel of meshfuse's two passes in the order they ran")
     args = ap.parse_args()
     if args.device == "cpu":
         run_cpu(args)

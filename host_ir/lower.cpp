@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "host_ir/cast_forwarding.h"
 #include "multidevice/axis_map.h"
 #include "multidevice/communicator.h"
 #include "multidevice/resharding.h"
@@ -99,6 +100,7 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
   if (isMultiDevice(fusion))
     for (Communication& c : hic_->communications)
       c.backend = Communicator::instance().resolve(params_.communicator_backend, device, c.team);
+  forwardWideningCasts(fusion, *hic_);
   finishSegments(fusion);
   recordRandomBlocks(shapes);
   placeWaits();
@@ -453,6 +455,7 @@ void HostIrLower::lowerResharding(const Expr* e) {
 }
 
 void HostIrLower::finishSegments(const Fusion& fusion) {
+  const auto segments_of = segmentsOfExprs(hic_->segments);
   for (Segment& seg : hic_->segments) {
     std::unordered_set<const Val*> produced;
     for (const Expr* e : seg.exprs) produced.insert(e->outputs().begin(), e->outputs().end());
@@ -463,10 +466,7 @@ void HostIrLower::finishSegments(const Fusion& fusion) {
     for (const Expr* e : seg.exprs) {
       for (Val* v : e->outputs()) {  // every result of a multi-output expr (attention)
         auto* out = static_cast<TensorView*>(v);
-        bool used_outside = fusion.isOutput(out);
-        for (const Expr* use : out->uses())
-          if (std::find(seg.exprs.begin(), seg.exprs.end(), use) == seg.exprs.end()) used_outside = true;
-        if (used_outside) seg.outputs.push_back(out);
+        if (readOutsideItsSegments(fusion, out, seg, segments_of, hic_->segments)) seg.outputs.push_back(out);
       }
     }
   }
