@@ -124,6 +124,121 @@ std::string generateReductionSource(OpType op, DataType in, DataType out, const 
   return s.str();
 }
 
+std::string generateColumnReductionSource(OpType op, DataType in, DataType out, const ColumnReductionVariant& v,
+                                          const std::string& name) {
+  if (!isReduction(op)) throw std::invalid_argument("CUDA reduction codegen: " + toString(op) + " is not a reduction");
+  const std::string acc = accType(out), sin = storageType(in), sout = storageType(out);
+  const int cols_per_block = kColX * v.vec;
+  std::ostringstream s;
+  s << kernelPrelude();
+  s << "struct Params {\n  const void* in;\n  void* out;\n  i64 rows;\n  i64 cols;\n  i64 row_stride;\n"
+    << "  i64 rows_per_split;\n  double scale;\n};\n"
+    << "static_assert(sizeof(Params) == " << 8 * kColumnReductionParamWords
+    << ", \"host and device disagree on the parameter block\");\n\n";
+  s << "__device__ __forceinline__ " << acc << " combine(" << acc << " a, " << acc << " b) { return "
+    << combine(op, out) << "; }\n";
+  // One 16-byte load: `vec` adjacent columns of one row, combined into the thread's accumulators.
+  s << "__device__ __forceinline__ void add(" << acc << " (&a)[" << v.vec << "], const uint4 raw) {\n"
+    << "  const " << sin << "* e = reinterpret_cast<const " << sin << "*>(&raw);\n"
+    << "#pragma unroll\n  for (int j = 0; j < " << v.vec << "; ++j) a[j] = combine(a[j], "
+    << loadConvert("e[j]", in, out) << ");\n}\n\n";
+  s << "extern \"C\" __global__ void __launch_bounds__(" << kColX * kColY << ") " << name << "(const Params p) {\n"
+    << "  __shared__ " << acc << " part[" << kColY << "][" << cols_per_block << "];\n"
+    << "  const i64 c = (static_cast<i64>(blockIdx.x) * " << kColX << " + threadIdx.x) * " << v.vec << ";\n"
+    << "  const i64 r0 = static_cast<i64>(blockIdx.y) * p.rows_per_split;\n"
+    << "  const i64 r1 = min(p.rows, r0 + p.rows_per_split);\n"
+    << "  " << acc << " a[" << v.vec << "];\n"
+    << "#pragma unroll\n  for (int j = 0; j < " << v.vec << "; ++j) a[j] = " << identity(op, out) << ";\n"
+    << "  if (c < p.cols) {\n"
+    << "    const " << sin << "* base = static_cast<const " << sin << "*>(p.in) + c;\n"
+    << "    const i64 step = static_cast<i64>(" << kColY << ") * p.row_stride;\n"
+    << "    i64 r = r0 + threadIdx.y;\n"
+    << "    const " << sin
+    << "* at = base + r * p.row_stride;\n"
+    // Four rows in flight per thread: the loads are issued before any is combined.
+    << "    for (; r + " << 3 * kColY << " < r1; r += " << 4 * kColY << ", at += 4 * step) {\n"
+    << "      const uint4 x0 = __ldg(reinterpret_cast<const uint4*>(at));\n"
+    << "      const uint4 x1 = __ldg(reinterpret_cast<const uint4*>(at + step));\n"
+    << "      const uint4 x2 = __ldg(reinterpret_cast<const uint4*>(at + 2 * step));\n"
+    << "      const uint4 x3 = __ldg(reinterpret_cast<const uint4*>(at + 3 * step));\n"
+    << "      add(a, x0);\n      add(a, x1);\n      add(a, x2);\n      add(a, x3);\n    }\n"
+    << "    for (; r < r1; r += " << kColY << ", at += step) add(a, __ldg(reinterpret_cast<const uint4*>(at)));\n"
+    << "  }\n"
+    << "#pragma unroll\n  for (int j = 0; j < " << v.vec << "; ++j) part[threadIdx.y][threadIdx.x * " << v.vec
+    << " + j] = a[j];\n"
+    << "  __syncthreads();\n"
+    << "  for (int col = threadIdx.y * " << kColX << " + threadIdx.x; col < " << cols_per_block
+    << "; col += " << kColX * kColY << ") {\n"
+    << "    const i64 oc = static_cast<i64>(blockIdx.x) * " << cols_per_block << " + col;\n"
+    << "    if (oc >= p.cols) continue;\n"
+    << "    " << acc << " t = part[0][col];\n"
+    << "#pragma unroll\n    for (int y = 1; y < " << kColY << "; ++y) t = combine(t, part[y][col]);\n";
+  if (op == OpType::Mean) s << "    t = t * static_cast<" << acc << ">(p.scale);\n";
+  s << "    static_cast<" << sout
+    << "*>(p.out)[static_cast<i64>(blockIdx.y) * p.cols + oc] = " << storeConvert("t", out, out) << ";\n  }\n}\n";
+  return s.str();
+}
+
+namespace {
+const char* const kColumnKernelName = "meshfuse_column_reduction";
+
+// One launch of the column kernel over `rows` x `cols` at `in` (row stride `row_stride`) into `out`
+// ([splits, cols], contiguous).
+void launchColumnReduction(int device, OpType op, const void* in, DataType in_t, void* out, DataType out_t,
+                           int64_t rows, int64_t cols, int64_t row_stride, int64_t splits, double scale) {
+  ColumnReductionVariant v;
+  v.vec = static_cast<int>(16 / dataTypeSize(in_t));
+  const std::string key = "column_reduction|" + std::to_string(static_cast<int>(op)) + "|" +
+                          std::to_string(static_cast<int>(in_t)) + ">" + std::to_string(static_cast<int>(out_t));
+  KernelFunction kernel = cachedKernel(
+      device, key, [&] { return generateColumnReductionSource(op, in_t, out_t, v, kColumnKernelName); },
+      kColumnKernelName);
+  const int64_t rows_per_split = (rows + splits - 1) / splits;
+  std::vector<uint64_t> words(kColumnReductionParamWords);
+  words[0] = reinterpret_cast<uintptr_t>(in);
+  words[1] = reinterpret_cast<uintptr_t>(out);
+  words[2] = static_cast<uint64_t>(rows);
+  words[3] = static_cast<uint64_t>(cols);
+  words[4] = static_cast<uint64_t>(row_stride);
+  words[5] = static_cast<uint64_t>(rows_per_split);
+  std::memcpy(&words[6], &scale, 8);
+  const int64_t col_blocks = (cols / v.vec + kColX - 1) / kColX;
+  DeviceGuard guard(device);
+  launchKernel(kernel, static_cast<unsigned>(col_blocks), kColX, currentStream(device), words.data(), 0,
+               static_cast<unsigned>(splits), kColY);
+}
+
+// The vectorized column kernel when `x` is a matrix of contiguous columns reduced over its rows,
+// 16-byte aligned, of floating dtypes; false (nothing launched) otherwise.
+bool tryColumnReduction(int device, OpType op, const Tensor& x, const AxisGroup& k, const AxisGroup& r,
+                        const Tensor& out) {
+  const DataType in_t = x.dtype(), out_t = out.dtype();
+  if (!isFloatingPoint(in_t) || !isFloatingPoint(out_t) || k.extents.size() != 1 || r.extents.size() != 1 ||
+      k.strides[0] != 1)
+    return false;
+  const int64_t vec = 16 / static_cast<int64_t>(dataTypeSize(in_t));
+  const int64_t rows = r.extents[0], cols = k.extents[0], row_stride = r.strides[0];
+  if (cols % vec != 0 || row_stride % vec != 0 || reinterpret_cast<uintptr_t>(x.data()) % 16 != 0) return false;
+  // Enough blocks for four per multiprocessor, each split at least 64 rows long.
+  const int64_t col_blocks = (cols / vec + kColX - 1) / kColX;
+  const int64_t target = static_cast<int64_t>(multiprocessorCount(device)) * 4;
+  const int64_t splits =
+      std::clamp<int64_t>((target + col_blocks - 1) / col_blocks, 1, std::max<int64_t>(rows / 64, 1));
+  const double scale = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
+  if (splits == 1) {
+    launchColumnReduction(device, op, x.data(), in_t, out.data(), out_t, rows, cols, row_stride, 1, scale);
+    return true;
+  }
+  // Partial results in the accumulator's type, then the same kernel over them (a mean sums first).
+  const DataType acc_t = accType(out_t) == "double" ? DataType::Double : DataType::Float;
+  const Tensor partial = Tensor::empty({splits, cols}, acc_t, Device::cuda(device));
+  const OpType first = op == OpType::Mean ? OpType::Sum : op;
+  launchColumnReduction(device, first, x.data(), in_t, partial.data(), acc_t, rows, cols, row_stride, splits, 1.0);
+  launchColumnReduction(device, op, partial.data(), acc_t, out.data(), out_t, splits, cols, cols, 1, scale);
+  return true;
+}
+}  // namespace
+
 void runReduction(int device, OpType op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) {
   if (x.device() != Device::cuda(device) || out.device() != Device::cuda(device))
     throw std::invalid_argument("CUDA reduction: " + x.toString() + " -> " + out.toString() +
@@ -154,6 +269,7 @@ void runReduction(int device, OpType op, const Tensor& x, const std::vector<int6
   v.kept_ndim = static_cast<int>(k.extents.size());
   v.reduced_ndim = static_cast<int>(r.extents.size());
   v.row = r.strides.back() == 1 || n_out == 1;  // contiguous reduced elements, or a single output
+  if (!v.row && tryColumnReduction(device, op, x, k, r, out)) return;
 
   std::vector<uint64_t> words;
   words.push_back(reinterpret_cast<uintptr_t>(x.data()));

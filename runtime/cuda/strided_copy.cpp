@@ -15,8 +15,8 @@ namespace {
 constexpr int kMaxAxes = 6;
 constexpr int64_t kVectorBytes = 16;
 
-// Axes are in units of 16-byte vectors; the last axis has source stride 1. Index is the flat
-// vector index of the (contiguous) destination.
+// Axes are in units of 16-byte vectors; the last axis has stride 1 on both sides. Index is the
+// flat vector index of the copied space (row-major over the destination's shape).
 const char* const kKernel = R"(
 template <typename I>
 struct Params {
@@ -26,19 +26,23 @@ struct Params {
   int rank;
   I sizes[6];
   I strides[6];
+  I dst_strides[6];
 };
 template <typename I>
 __device__ void copyVectors(const Params<I>& p) {
   const I step = (I)gridDim.x * blockDim.x;
   for (I v = (I)blockIdx.x * blockDim.x + threadIdx.x; v < p.numel; v += step) {
-    I rest = v, offset = 0;
+    I rest = v, offset = 0, dst_offset = 0;
     for (int d = p.rank - 1; d > 0; --d) {
       const I q = rest / p.sizes[d];
-      offset += (rest - q * p.sizes[d]) * p.strides[d];
+      const I i = rest - q * p.sizes[d];
+      offset += i * p.strides[d];
+      dst_offset += i * p.dst_strides[d];
       rest = q;
     }
     offset += rest * p.strides[0];
-    p.dst[v] = p.src[offset];
+    dst_offset += rest * p.dst_strides[0];
+    p.dst[dst_offset] = p.src[offset];
   }
 }
 extern "C" __global__ void meshfuse_vector_copy32(Params<unsigned> p) { copyVectors(p); }
@@ -53,6 +57,7 @@ struct Params {
   int rank;
   I sizes[kMaxAxes];
   I strides[kMaxAxes];
+  I dst_strides[kMaxAxes];
 };
 
 template <typename I>
@@ -65,6 +70,7 @@ void launch(int device, const char* name, const void* src, void* dst, const cpu:
   for (int d = 0; d < p.rank; ++d) {
     p.sizes[d] = static_cast<I>(space.shape[d]);
     p.strides[d] = static_cast<I>(space.strides[0][d]);
+    p.dst_strides[d] = static_cast<I>(space.strides[1][d]);
   }
   // One cache entry per entry point (the cache is keyed by the key alone).
   KernelFunction kernel = cachedKernel(
@@ -79,27 +85,37 @@ std::string vectorizedCopySource() { return kKernel; }
 
 bool tryVectorizedCopy(const Tensor& dst, const Tensor& src) {
   if (dst.dtype() != src.dtype() || dst.device() != src.device() || dst.device().type != DeviceType::CUDA ||
-      !dst.isContiguous() || dst.shape() != src.shape() || src.dim() == 0)
+      dst.shape() != src.shape() || src.dim() == 0)
     return false;
   const int64_t esize = static_cast<int64_t>(dataTypeSize(src.dtype()));
   if (kVectorBytes % esize != 0) return false;
   const int64_t per_vector = kVectorBytes / esize;
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0; };
   if (!aligned(src.data()) || !aligned(dst.data())) return false;
-  cpu::StridedSpace space{src.shape(), {src.strides()}};
+  cpu::StridedSpace space{src.shape(), {src.strides(), dst.strides()}};
   space.coalesce();
   if (space.rank() == 0 || space.rank() > kMaxAxes) return false;
   const int64_t last = space.rank() - 1;
-  if (space.strides[0][last] != 1 || space.shape[last] % per_vector != 0) return false;
-  if (space.rank() == 1) return false;  // a dense source: the plain copy is as good
-  for (int64_t d = 0; d < last; ++d)
-    if (space.strides[0][d] % per_vector != 0 || space.strides[0][d] < 0) return false;
+  if (space.shape[last] % per_vector != 0) return false;
+  if (space.rank() == 1) return false;  // both sides dense: the plain copy is as good
+  for (const std::vector<int64_t>& strides : space.strides) {
+    if (strides[last] != 1) return false;
+    for (int64_t d = 0; d < last; ++d)
+      if (strides[d] % per_vector != 0 || strides[d] < 0) return false;
+  }
+  for (int64_t d = 0; d < last; ++d)  // a destination that repeats elements is not a copy target
+    if (space.strides[1][d] == 0) return false;
   // Into vector units.
   space.shape[last] /= per_vector;
-  for (int64_t d = 0; d < last; ++d) space.strides[0][d] /= per_vector;
+  for (std::vector<int64_t>& strides : space.strides)
+    for (int64_t d = 0; d < last; ++d) strides[d] /= per_vector;
   const int64_t numel = src.numel() / per_vector;
-  int64_t reach = 0;  // the largest source vector offset, for the index width
-  for (int64_t d = 0; d <= last; ++d) reach += (space.shape[d] - 1) * space.strides[0][d];
+  int64_t reach = 0;  // the largest vector offset on either side, for the index width
+  for (const std::vector<int64_t>& strides : space.strides) {
+    int64_t side = 0;
+    for (int64_t d = 0; d <= last; ++d) side += (space.shape[d] - 1) * strides[d];
+    reach = std::max(reach, side);
+  }
   const int device = dst.device().index;
   DeviceGuard guard(device);
   constexpr int64_t kMax32 = std::numeric_limits<uint32_t>::max();

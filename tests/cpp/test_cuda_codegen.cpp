@@ -295,6 +295,11 @@ TEST(ReductionCodegen, EveryReductionCompilesInBothModes) {
         SCOPED_TRACE(toString(op) + " " + toString(in) + "->" + toString(out) + (row ? " row" : " column"));
         EXPECT_NO_THROW(compile(cuda::generateReductionSource(op, in, out, v, "reduce")));
       }
+      if (!isFloatingPoint(in) || !isFloatingPoint(out)) continue;
+      cuda::ColumnReductionVariant c;
+      c.vec = static_cast<int>(16 / dataTypeSize(in));
+      SCOPED_TRACE(toString(op) + " " + toString(in) + "->" + toString(out) + " vectorized column");
+      EXPECT_NO_THROW(compile(cuda::generateColumnReductionSource(op, in, out, c, "reduce")));
     }
   }
 }

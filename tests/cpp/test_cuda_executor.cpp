@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <tuple>
 
@@ -18,6 +19,7 @@
 #include "runtime/cuda/streams.h"
 #include "runtime/element.h"
 #include "runtime/segment.h"
+#include "runtime/view_ops.h"
 
 namespace meshfuse {
 namespace {
@@ -374,6 +376,41 @@ TEST(CudaExecutorReduction, SumMaxMeanOverInnerOuterAndAllAxes) {
   }
 }
 
+// Reductions over the rows of matrices with contiguous columns run the vectorized column kernel:
+// one pass where the columns alone fill the GPU, row splits and a second pass over the partial
+// results where they do not (few columns, many rows), rows of a slice (a stride wider than the
+// row), and the generic kernel where no 16-byte vector fits (an odd column count).
+TEST(CudaExecutorReduction, ColumnKernelAtBiasGradientShapes) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(37);
+  const std::vector<std::vector<int64_t>> shapes = {{300, 16384}, {2000, 96}, {3, 5, 1024}, {64, 77}};
+  for (DataType dt : {DataType::Float, DataType::Double, DataType::Half, DataType::BFloat16}) {
+    for (OpType op : {OpType::Sum, OpType::ReduceMax, OpType::Mean}) {
+      for (const auto& shape : shapes) {
+        for (bool sliced : {false, true}) {
+          Case c;
+          c.kind = Segment::Kind::Reduction;
+          TensorView* x = c.input(dt, shape, rng, -2, 2);
+          std::vector<int64_t> axes(shape.size() - 1);
+          std::iota(axes.begin(), axes.end(), 0);
+          c.outputs = {ops::reduction(op, x, axes, false)};
+          if (sliced)
+            c.to_device = [](const Tensor& t) {
+              std::vector<int64_t> wide = t.shape();
+              wide.back() += 8;  // rows 8 elements apart beyond their width: still 16-byte aligned
+              Tensor w = Tensor::empty(wide, t.dtype(), Device::cuda(0));
+              Tensor view = w.slice(static_cast<int64_t>(wide.size()) - 1, 0, t.shape().back());
+              view.copyFrom(t.to(Device::cuda(0)));
+              return view;
+            };
+          c.check(toString(op) + " " + toString(dt) + " " + shapeToString(shape) + (sliced ? " sliced" : ""),
+                  /*loose=*/dt == DataType::Half || dt == DataType::BFloat16);
+        }
+      }
+    }
+  }
+}
+
 // LayerNorm, RMSNorm, softmax, log-softmax and LayerNorm backward (dx, dgamma, dbeta) as one
 // normalization segment, against the CPU executor (which accumulates in double): rows of 1, 7,
 // 4097 (no vector width divides it) and 262144 elements (the multi-pass variant).
@@ -437,11 +474,14 @@ TEST(CudaExecutorNormalization, LongRowsSplitOverAClusterMatchTheCpu) {
 
 // A bias gradient as the bf16 transformer's backward lowers it: cast to fp32, sum over the rows,
 // cast back, one normalization segment with only an outer reduction. Short rows run fused; rows
-// too long for the registers (49152 columns) run as a pointwise kernel and the column reduction.
+// too long for the registers (49152 columns) run expr by expr: the column reduction reads the bf16
+// values itself (the cast to fp32 is not written out), in one pass at 48 rows and with row splits
+// at 300.
 TEST(CudaExecutorNormalization, OuterOnlyReductionsAtEveryRowLength) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(35);
-  for (const auto& [rows, row] : std::vector<std::pair<int64_t, int64_t>>{{33, 300}, {64, 12288}, {48, 49152}}) {
+  for (const auto& [rows, row] :
+       std::vector<std::pair<int64_t, int64_t>>{{33, 300}, {64, 12288}, {48, 49152}, {300, 49152}}) {
     Case c;
     c.kind = Segment::Kind::Normalization;
     TensorView* dy = c.input(DataType::BFloat16, {rows, row}, rng, -1, 1);
@@ -697,6 +737,39 @@ TEST(CudaCopies, StridedToContiguousMatchesTheCpuExactly) {
       ASSERT_TRUE(got.isContiguous());
       expectClose(expected, got, v.name + " " + toString(dt));
     }
+  }
+}
+
+// Copies into strided destinations: the parts of a concatenation along the last axis written into
+// their slices of the result (the transformer backward's dq, dk and dv, permuted to [b, s, h, d],
+// into [b, s, h, 3d]), aligned and not, and into a permuted destination; every element of the result
+// is compared with the CPU's, the bytes around the written slice included.
+TEST(CudaCopies, IntoStridedDestinationsMatchTheCpuExactly) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(14);
+  for (DataType dt : {DataType::Float, DataType::BFloat16, DataType::Double}) {
+    for (int64_t d : {16, 24, 5}) {  // 5: no 16-byte vector fits (the generic path)
+      std::vector<Tensor> host_parts, device_parts;
+      for (int i = 0; i < 3; ++i) {
+        host_parts.push_back(randomTensor({2, 6, 5, d}, dt, rng, -1, 1));  // [b, h, s, d]
+        device_parts.push_back(host_parts.back().to(Device::cuda(0)));
+      }
+      auto merged = [](const std::vector<Tensor>& parts) {
+        std::vector<Tensor> permuted;
+        for (const Tensor& p : parts) permuted.push_back(p.permute({0, 2, 1, 3}));
+        return permuted;
+      };
+      const std::vector<int64_t> shape{2, 5, 6, 3 * d};
+      Tensor expected = concatenate(merged(host_parts), 3, shape);
+      Tensor got = concatenate(merged(device_parts), 3, shape);
+      expectClose(expected, got, "concatenation of head merges, d = " + std::to_string(d) + " " + toString(dt));
+    }
+    Tensor host = randomTensor({6, 4, 32}, dt, rng, -1, 1);
+    Tensor expected = Tensor::empty({4, 6, 32}, dt, Device::cpu());
+    expected.permute({1, 0, 2}).copyFrom(host);
+    Tensor got = Tensor::empty({4, 6, 32}, dt, Device::cuda(0));
+    got.permute({1, 0, 2}).copyFrom(host.to(Device::cuda(0)));
+    expectClose(expected, got, "into a permuted destination " + toString(dt));
   }
 }
 
