@@ -3,6 +3,7 @@
   python3 benchmarks/attention.py --gpu   # H200: bf16 d=128 fwd/bwd TFLOP/s, meshfuse (cuDNN) vs torch SDPA backends
   python3 benchmarks/attention.py --gpu --dropout 0 0.1 0.2 --shapes 1,96,2048   # with attention dropout
   python3 benchmarks/attention.py --gpu --dropout 0.1 --shapes 1,96,2048 --mask-widths narrow exact   # mask widths
+  python3 benchmarks/attention.py --gpu --dropout 0.1 --shapes 1,96,2048 --rngs meshfuse cudnn   # who draws the mask
   python3 benchmarks/attention.py --cpu   # one thread, s=2048: meshfuse's flash kernel vs numpy matmul-softmax-matmul
 
 FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x the forward (five products against two).
@@ -66,13 +67,16 @@ def gpu(args):
         bargs = [go, q, k, v, out, lse_v, seed_v, off_v]
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         err = f"{(out.float() - ref.float()).abs().max().item():18.4f}" if p == 0 else ""
-        # With dropout, one row per mask width asked for (MESHFUSE_ATTENTION_MASK, read at each
-        # execute): the widths compared in one process, on the same inputs.
-        for width in (args.mask_widths or [None]) if p > 0 else [None]:
-            with scoped_env("MESHFUSE_ATTENTION_MASK", width):
+        # With dropout, one row per mask width (MESHFUSE_ATTENTION_MASK) and attention RNG
+        # (MESHFUSE_ATTENTION_RNG) asked for, both read at each execute: compared in one process, on
+        # the same inputs.
+        variants = ([("MESHFUSE_ATTENTION_MASK", w) for w in args.mask_widths or []] +
+                    [("MESHFUSE_ATTENTION_RNG", r) for r in args.rngs or []])
+        for env_name, value in (variants or [(None, None)]) if p > 0 else [(None, None)]:
+            with scoped_env(env_name or "MESHFUSE_ATTENTION_MASK", value):
                 t_f = timed(lambda: fwd.execute([q, k, v]), args.iters)
                 t_b = timed(lambda: bwd.execute(bargs), args.iters)
-            name = "meshfuse" if width is None else f"mf {width}"
+            name = "meshfuse" if value is None else f"mf {value}"
             print(f"{str((b, h, s)):>16} {str(causal):>6} {p:>7} {name:>10} "
                   f"{flops(b, h, s, d, causal) / t_f / 1e12:9.0f} {flops(b, h, s, d, causal, True) / t_b / 1e12:9.0f} "
                   f"{flops(b, h, s, d, causal) / t_f / 1e12:9.0f} {err}", flush=True)
@@ -186,6 +190,9 @@ if __name__ == "__main__":
                     help="GPU: a kernel profile of one meshfuse and one torch cuDNN call per row (torch.profiler)")
     ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact"],
                     help="GPU, with dropout: time meshfuse under each MESHFUSE_ATTENTION_MASK width")
+    ap.add_argument("--rngs", nargs="+", default=None, choices=["meshfuse", "cudnn"],
+                    help="GPU, with dropout: time meshfuse under each MESHFUSE_ATTENTION_RNG (cudnn: cuDNN's "
+                         "in-kernel dropout, a mask the CPU cannot draw)")
     ap.add_argument("--shapes", nargs="+", default=["1,96,2048", "4,32,4096", "1,32,8192"],
                     help="GPU: b,h,s triples (d = 128)")
     a = ap.parse_args()

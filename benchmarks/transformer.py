@@ -264,13 +264,16 @@ def run_cuda(args):
     sync = torch.cuda.synchronize
     mf_fwd = timed(lambda: fwd.execute(ins), sync, args.warmup, args.iters)
     mf_bwd = timed(lambda: bwd.execute(bwd_ins), sync, args.warmup, args.iters)
-    # The same two passes under each dropout-mask width asked for (MESHFUSE_ATTENTION_MASK, read at
-    # each execute), in this process: the backward's inputs stay the default's forward outputs, as
-    # every width drops the same elements.
+    # The same two passes under each dropout-mask width (MESHFUSE_ATTENTION_MASK) and attention RNG
+    # (MESHFUSE_ATTENTION_RNG) asked for, both read at each execute, in this process. The backward's
+    # inputs stay the default's forward outputs: every width drops the same elements, and cuDNN's RNG
+    # does the same work whichever mask the forward drew.
+    variants = ([("MESHFUSE_ATTENTION_MASK", w) for w in args.mask_widths or []] +
+                [("MESHFUSE_ATTENTION_RNG", r) for r in args.rngs or []])
     widths = []
-    for width in args.mask_widths or []:
-        with scoped_env("MESHFUSE_ATTENTION_MASK", width):
-            widths.append((width, timed(lambda: fwd.execute(ins), sync, args.warmup, args.iters),
+    for env_name, value in variants:
+        with scoped_env(env_name, value):
+            widths.append((f"{env_name}={value}", timed(lambda: fwd.execute(ins), sync, args.warmup, args.iters),
                            timed(lambda: bwd.execute(bwd_ins), sync, args.warmup, args.iters)))
 
     params = {n: full[n].cuda().requires_grad_(True) for n in tf.PARAMETERS}
@@ -323,7 +326,7 @@ def run_cuda(args):
         print(f"{name:<22}{mf * 1e3:>12.2f}{eager * 1e3:>10.2f}{comp * 1e3:>12.2f}{eager / mf:>9.2f}x"
               f"{comp / mf:>11.2f}x{flops / mf / 1e12:>12.1f}")
     for width, w_fwd, w_bwd in widths:
-        print(f"# meshfuse with MESHFUSE_ATTENTION_MASK={width}: forward {w_fwd * 1e3:.2f} ms "
+        print(f"# meshfuse with {width}: forward {w_fwd * 1e3:.2f} ms "
               f"({comp_fwd / w_fwd:.2f}x compile), backward {w_bwd * 1e3:.2f} ms "
               f"({(comp_step - comp_fwd) / w_bwd:.2f}x), forward+backward {(w_fwd + w_bwd) * 1e3:.2f} ms "
               f"({comp_step / (w_fwd + w_bwd):.2f}x)")
@@ -352,6 +355,9 @@ def main():
                     help="CPU: also trace STEPS meshfuse steps and print rank 0's time per segment kind")
     ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact"],
                     help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_MASK width")
+    ap.add_argument("--rngs", nargs="+", default=None, choices=["meshfuse", "cudnn"],
+                    help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_RNG (cudnn: cuDNN's in-kernel "
+                         "dropout, a mask the CPU cannot draw)")
     ap.add_argument("--profile", action="store_true",
                     help="CUDA: also profile one call of each pass (GPU busy time and top kernels)")
     ap.add_argument("--profile-timeline", action="store_true",

@@ -2,7 +2,9 @@
 // graph API. One graph (with its execution plan) is built per (device, direction, dtype, shapes,
 // causal, scale, dropout mask dtype) and cached; its workspace comes from meshfuse's caching allocator
 // and it runs on the device's current stream (the segment's). Dropout takes meshfuse's Philox mask
-// as an input (dropout_mask.h says why), so CPU and CUDA drop the same elements.
+// as an input (dropout_mask.h says why), so CPU and CUDA drop the same elements; or, with
+// MESHFUSE_ATTENTION_RNG=cudnn, cuDNN draws it in-kernel from the op's seed and offset
+// (attention_rng.h: faster, a mask the CPU cannot draw).
 #include "runtime/cuda/attention.h"
 
 #include <cstdlib>
@@ -21,6 +23,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "runtime/cuda/attention_rng.h"
 #include "runtime/cuda/dropout_mask.h"
 #include "runtime/cuda/streams.h"
 #endif
@@ -95,8 +98,10 @@ struct Built {
 // The strides of q, k, v (forward; also o and dO backward) as the call holds them, by name.
 using InputStrides = std::map<std::string, std::vector<int64_t> >;
 
-using Key =
-    std::tuple<int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int, InputStrides>;
+// The last double: the dropout probability of a graph that draws its own mask (cuDNN's generator
+// takes it at build time), else 0.
+using Key = std::tuple<int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int,
+                       InputStrides, double>;
 
 std::vector<int64_t> rowMajor(const std::vector<int64_t>& dims) {
   std::vector<int64_t> strides(dims.size(), 1);
@@ -125,6 +130,17 @@ TensorAttr byValue(Built& b, const std::string& name) {
   return t;
 }
 
+// cuDNN's in-kernel dropout's seed or offset: one int64 word in device memory.
+TensorAttr deviceWord(Built& b, const std::string& name) {
+  auto t = b.graph->tensor(fe::graph::Tensor_attributes()
+                               .set_name(name)
+                               .set_dim({1, 1, 1, 1})
+                               .set_stride({1, 1, 1, 1})
+                               .set_data_type(fe::DataType_t::INT64));
+  b.tensors[name] = t;
+  return t;
+}
+
 void output(Built& b, const std::string& name, const TensorAttr& t, const std::vector<int64_t>& dims,
             fe::DataType_t dtype) {
   t->set_output(true).set_name(name).set_dim(dims).set_stride(rowMajor(dims)).set_data_type(dtype);
@@ -135,9 +151,10 @@ fe::DataType_t ioType(DataType dtype) {
   return dtype == DataType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
-// `mask_dtype`: what the dropout mask holds (dropoutMaskDataType), when dropout is on.
+// `mask_dtype`: what the dropout mask holds (dropoutMaskDataType), when dropout is on and meshfuse
+// draws it; `cudnn_rng`: cuDNN draws it instead, from the "seed" and "offset" words.
 std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const AttentionParams& p, DataType dtype,
-                             const InputStrides* strides, DataType mask_dtype) {
+                             const InputStrides* strides, DataType mask_dtype, bool cudnn_rng) {
   auto b = std::make_shared<Built>();
   b->strided_inputs = strides != nullptr;
   b->graph = std::make_shared<fe::graph::Graph>();
@@ -157,7 +174,10 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_generate_stats(true)
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
-    if (dropout) attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"));
+    if (dropout && cudnn_rng)
+      attrs.set_dropout(static_cast<float>(p.dropout_p), deviceWord(*b, "seed"), deviceWord(*b, "offset"));
+    else if (dropout)
+      attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"));
     auto [o, stats] = b->graph->sdpa(q, k, v, attrs);
     output(*b, "o", o, od, io);
     output(*b, "stats", stats, sd, fe::DataType_t::FLOAT);
@@ -168,7 +188,9 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_name("sdpfa_bwd")
                      .set_causal_mask(p.causal)
                      .set_attn_scale(static_cast<float>(p.scale));
-    if (dropout)
+    if (dropout && cudnn_rng)
+      attrs.set_dropout(static_cast<float>(p.dropout_p), deviceWord(*b, "seed"), deviceWord(*b, "offset"));
+    else if (dropout)
       attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
     auto [dq, dk, dv] = b->graph->sdpa_backward(q, k, v, o, dO, stats, attrs);
     output(*b, "dq", dq, qd, io);
@@ -184,9 +206,10 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
   return b;
 }
 
-// What the graph's dropout input is: 0 none, else 1 + the mask's dtype.
-int maskKey(const AttentionParams& p, DataType mask_dtype) {
-  return p.dropout_p > 0 ? 1 + static_cast<int>(mask_dtype) : 0;
+// What the graph's dropout input is: 0 none, -1 cuDNN's own generator, else 1 + the mask's dtype.
+int maskKey(const AttentionParams& p, DataType mask_dtype, bool cudnn_rng) {
+  if (p.dropout_p <= 0) return 0;
+  return cudnn_rng ? -1 : 1 + static_cast<int>(mask_dtype);
 }
 
 // The graph for these parameters and input strides. cuDNN reads strided q, k, v (o, dO) in place,
@@ -194,24 +217,35 @@ int maskKey(const AttentionParams& p, DataType mask_dtype) {
 // the graph is built for dense inputs instead (and the call binds dense copies). `mask_dtype` is
 // dropoutMaskDataType's answer, read once per call.
 std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionParams& p, DataType dtype,
-                                   DataType mask_dtype, const InputStrides& strides) {
+                                   DataType mask_dtype, const InputStrides& strides, bool cudnn_rng) {
   static std::mutex mu;
   static std::map<Key, std::shared_ptr<Built> > cache;
-  const Key key{
-      device,   forward, static_cast<int>(dtype), p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.head_dim_v,
-      p.causal, p.scale, maskKey(p, mask_dtype),  strides};
+  const Key key{device,
+                forward,
+                static_cast<int>(dtype),
+                p.batch,
+                p.heads,
+                p.seq_q,
+                p.seq_kv,
+                p.head_dim,
+                p.head_dim_v,
+                p.causal,
+                p.scale,
+                maskKey(p, mask_dtype, cudnn_rng),
+                strides,
+                cudnn_rng ? p.dropout_p : 0.0};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   std::shared_ptr<Built> built;
   if (!strides.empty()) {
     try {
-      built = build(handleFor(device), forward, p, dtype, &strides, mask_dtype);
+      built = build(handleFor(device), forward, p, dtype, &strides, mask_dtype, cudnn_rng);
     } catch (const std::runtime_error&) {
       built = nullptr;  // this layout is not supported: dense copies below
     }
   }
-  if (!built) built = build(handleFor(device), forward, p, dtype, nullptr, mask_dtype);
+  if (!built) built = build(handleFor(device), forward, p, dtype, nullptr, mask_dtype, cudnn_rng);
   cache.emplace(key, built);
   return built;
 }
@@ -267,8 +301,11 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
               : std::vector<std::pair<const char*, size_t> >{
                     {"dO", kBwdGradOut}, {"q", kBwdQ}, {"k", kBwdK}, {"v", kBwdV}, {"o", kBwdOut}};
   const bool dropout = p.dropout_p > 0;
-  // What the mask holds (MESHFUSE_ATTENTION_MASK), read once for the graph and the mask kernel.
-  const DataType mask_dtype = dropout ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
+  // Who draws the mask (MESHFUSE_ATTENTION_RNG) and, when meshfuse does, what it holds
+  // (MESHFUSE_ATTENTION_MASK): read once for the graph and the mask kernel.
+  const bool cudnn_rng = dropout && attentionRngFromEnvironment() == AttentionRng::Cudnn;
+  const bool explicit_mask = dropout && !cudnn_rng;
+  const DataType mask_dtype = explicit_mask ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
   InputStrides strides;
   std::set<std::string> in_place;  // the inputs whose own layout the strided graph describes
   for (const auto& [name, index] : strided_inputs) {
@@ -277,7 +314,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     strides[name] = st.empty() ? rowMajor(tensors[index].shape()) : st;
   }
   if (in_place.empty()) strides.clear();  // every input dense: the plain graph
-  auto built = cachedGraph(device, forward, p, dtype, mask_dtype, strides);
+  auto built = cachedGraph(device, forward, p, dtype, mask_dtype, strides, cudnn_rng);
   cudnnHandle_t handle = handleFor(device);
   if (cudnnSetStream(handle, currentStream(device)) != CUDNN_STATUS_SUCCESS)
     throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
@@ -293,12 +330,32 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   };
   // The mask carries the keep scale (dropout_mask.h says why), so both scales cuDNN takes are 1, or
   // the correction of a narrow mask's rounded scale (measured and tested on the H200 in session 10).
-  float dropout_scale = dropout ? dropoutScaleCorrection(p.dropout_p, mask_dtype) : 1.0F;
+  float dropout_scale = explicit_mask ? dropoutScaleCorrection(p.dropout_p, mask_dtype) : 1.0F;
   float dropout_scale_inv = 1.0F / dropout_scale;
-  if (dropout) {
+  if (explicit_mask) {
     bind("mask", dropoutMask(device, p, mask_dtype, seed_at, offset_at));
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
     if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
+  }
+  // The forward's philox_seed and philox_offset outputs, written ahead of cuDNN's kernels (which
+  // read them when they draw the mask).
+  std::pair<Tensor, Tensor> philox;
+  if (forward) philox = devicePhiloxScalars(device, static_cast<int64_t>(p.seed), static_cast<int64_t>(p.offset));
+  if (cudnn_rng) {
+    // The words cuDNN's generator reads: the forward's outputs, or the backward's inputs when they
+    // are 16-byte aligned device words, else device copies of their values.
+    std::pair<Tensor, Tensor> words = philox;
+    if (!forward) {
+      const auto aligned = [](const void* at) { return at != nullptr && reinterpret_cast<uintptr_t>(at) % 16 == 0; };
+      words = aligned(seed_at) && aligned(offset_at)
+                  ? std::pair<Tensor, Tensor>{tensors[kBwdSeed], tensors[kBwdOffset]}
+                  : devicePhiloxScalars(device, static_cast<int64_t>(seed_at ? readScalar(tensors[kBwdSeed]) : p.seed),
+                                        static_cast<int64_t>(offset_at ? readScalar(tensors[kBwdOffset]) : p.offset));
+    }
+    keep.push_back(words.first);
+    keep.push_back(words.second);
+    pack[built->tensors.at("seed")] = words.first.data();
+    pack[built->tensors.at("offset")] = words.second.data();
   }
   std::vector<Tensor> outputs;
   if (forward) {
@@ -309,8 +366,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     Tensor lse = Tensor::empty({p.batch, p.heads, p.seq_q}, DataType::Float, dev);
     pack[built->tensors.at("o")] = o.data();
     pack[built->tensors.at("stats")] = lse.data();
-    auto [seed, offset] = devicePhiloxScalars(device, static_cast<int64_t>(p.seed), static_cast<int64_t>(p.offset));
-    outputs = {o, lse, seed, offset};
+    outputs = {o, lse, philox.first, philox.second};
   } else {
     bind("dO", tensors[kBwdGradOut]);
     bind("q", tensors[kBwdQ]);

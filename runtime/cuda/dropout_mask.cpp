@@ -193,7 +193,7 @@ struct StoreParams {
 };
 extern "C" __global__ void meshfuse_store_philox(StoreParams p) {
   p.out[0] = p.seed;
-  p.out[1] = p.offset;
+  p.out[2] = p.offset;
 }
 )";
 
@@ -206,12 +206,14 @@ struct StoreParams {
 std::string storePhiloxSource() { return kStoreKernel; }
 
 std::pair<Tensor, Tensor> devicePhiloxScalars(int device, int64_t seed, int64_t offset) {
-  const Tensor both = Tensor::empty({2}, DataType::Int, Device::cuda(device));
+  // Four words, the offset at word 2: each view starts 16-byte aligned, as cuDNN's in-kernel dropout
+  // reads them (attention_rng.h).
+  const Tensor both = Tensor::empty({4}, DataType::Int, Device::cuda(device));
   StoreParams params{both.data(), static_cast<long long>(seed), static_cast<long long>(offset)};
   KernelFunction kernel = cachedKernel(
       device, "meshfuse_store_philox", [] { return storePhiloxSource(); }, "meshfuse_store_philox");
   launchKernel(kernel, 1, 1, currentStream(device), &params);
-  return {both.slice(0, 0, 1).view({}), both.slice(0, 1, 1).view({})};
+  return {both.slice(0, 0, 1).view({}), both.slice(0, 2, 1).view({})};
 }
 
 }  // namespace meshfuse::cuda

@@ -46,10 +46,10 @@ float dropoutScaleCorrection(double dropout_p, DataType mask_dtype);
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at = nullptr,
                    const void* offset_at = nullptr);
 
-// The forward's 0-dim Int outputs philox_seed and philox_offset on `device`, views of one two-word
-// buffer written by a one-thread kernel on the current stream: one launch for both (a host-to-device
-// copy from pageable memory would synchronize the stream; two launches cost the shortest attention
-// calls, 0.3 ms on the H100, about 1% more).
+// The forward's 0-dim Int outputs philox_seed and philox_offset on `device`, 16-byte aligned views
+// of one buffer written by a one-thread kernel on the current stream: one launch for both (a
+// host-to-device copy from pageable memory would synchronize the stream; two launches cost the
+// shortest attention calls, 0.3 ms on the H100, about 1% more).
 std::pair<Tensor, Tensor> devicePhiloxScalars(int device, int64_t seed, int64_t offset);
 // That kernel's source (for the code generation tests).
 std::string storePhiloxSource();

@@ -16,6 +16,7 @@
 
 #include "norm_fusions.h"
 #include "ops/ops.h"
+#include "runtime/cuda/attention_rng.h"
 #include "runtime/cuda/dropout_mask.h"
 #include "runtime/cuda/kernel_cache.h"
 #include "runtime/cuda/normalization.h"
@@ -746,6 +747,29 @@ TEST(DropoutMaskCodegen, MaskDtypeFollowsTheWidth) {
             cuda::dropoutMaskDataType(0.1, DataType::BFloat16, cuda::maskWidthFromEnvironment()));
   const char* env = std::getenv("MESHFUSE_ATTENTION_MASK");
   if (env == nullptr) EXPECT_EQ(cuda::maskWidthFromEnvironment(), MaskWidth::Narrow);
+}
+
+// MESHFUSE_ATTENTION_RNG: meshfuse's Philox mask by default (unset or empty), cuDNN's in-kernel
+// generator when asked for, and any other value an error naming both.
+TEST(AttentionRng, TheEnvironmentPicksWhoDrawsTheMask) {
+  using cuda::AttentionRng;
+  {
+    const testing::ScopedEnv rng("MESHFUSE_ATTENTION_RNG", "");
+    EXPECT_EQ(cuda::attentionRngFromEnvironment(), AttentionRng::Meshfuse);
+  }
+  for (const auto& [value, expected] : std::vector<std::pair<std::string, AttentionRng>>{
+           {"meshfuse", AttentionRng::Meshfuse}, {"cudnn", AttentionRng::Cudnn}}) {
+    const testing::ScopedEnv rng("MESHFUSE_ATTENTION_RNG", value);
+    EXPECT_EQ(cuda::attentionRngFromEnvironment(), expected) << value;
+  }
+  const testing::ScopedEnv rng("MESHFUSE_ATTENTION_RNG", "curand");
+  try {
+    cuda::attentionRngFromEnvironment();
+    ADD_FAILURE() << "MESHFUSE_ATTENTION_RNG=curand was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("meshfuse"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cudnn"), std::string::npos) << e.what();
+  }
 }
 
 // The one-byte mask was withdrawn (cuDNN's backward applies it as all dropped: dropout_mask.h); a user
