@@ -21,8 +21,9 @@ def fusions(b, h, sq, skv, d, p, causal):
         for t in fwd.ops.sdpfa_fwd(q, k, v, dropout_p=p, is_causal=causal):
             fwd.add_output(t)
     with FusionDefinition() as bwd:
-        go, q, out = (bwd.define_tensor([b, h, sq, d], dtype=BF16) for _ in range(3))
+        go, q = (bwd.define_tensor([b, h, sq, d], dtype=BF16) for _ in range(2))
         k, v = (bwd.define_tensor([b, h, skv, d], dtype=BF16) for _ in range(2))
+        out = bwd.define_tensor([b, h, sq, d], dtype=BF16)
         lse = bwd.define_tensor([b, h, sq], dtype=DataType.Float)
         seed, offset = bwd.define_tensor([], dtype=DataType.Int), bwd.define_tensor([], dtype=DataType.Int)
         for t in bwd.ops.sdpfa_bwd(go, q, k, v, out, lse, p, causal, seed, offset):
