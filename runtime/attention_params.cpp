@@ -30,6 +30,7 @@ AttentionParams attentionParams(const Expr& e, const std::vector<int64_t>& q, co
     p.batch_offset = block->offsets[0];
     p.head_offset = block->offsets[1];
     p.global_heads = block->global_shape[1];
+    p.sharded = block->global_shape[0] != p.batch || block->global_shape[1] != p.heads;
   }
   return p;
 }

@@ -19,6 +19,7 @@ struct AttentionParams {
   // Where the local (batch, head) block sits in the global tensor, so that a sharded run drops the
   // same elements as an unsharded one (the dropout mask is indexed by global position).
   int64_t batch_offset = 0, head_offset = 0, global_heads = 0;
+  bool sharded = false;  // this call holds a part of the batch or of the heads, not all of them
 
   // The global index g of probability element (b, h, i, j) of the local block: its uniform is word
   // g % 4 of Philox counter g / 4 (runtime/philox.h).

@@ -304,6 +304,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   // Who draws the mask (MESHFUSE_ATTENTION_RNG) and, when meshfuse does, what it holds
   // (MESHFUSE_ATTENTION_MASK): read once for the graph and the mask kernel.
   const bool cudnn_rng = dropout && attentionRngFromEnvironment() == AttentionRng::Cudnn;
+  if (cudnn_rng) checkCudnnRngUnsharded(p, toString(e.op()));
   const bool explicit_mask = dropout && !cudnn_rng;
   const DataType mask_dtype = explicit_mask ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
   InputStrides strides;

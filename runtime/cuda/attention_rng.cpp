@@ -17,4 +17,13 @@ AttentionRng attentionRngFromEnvironment() {
                   "in-kernel dropout: faster on CUDA, a mask the CPU cannot draw)");
 }
 
+void checkCudnnRngUnsharded(const AttentionParams& p, const std::string& op) {
+  if (!p.sharded) return;
+  throw UserError(op + " with MESHFUSE_ATTENTION_RNG=cudnn on sharded heads or batch (this rank holds " +
+                  std::to_string(p.heads) + " of " + std::to_string(p.global_heads) +
+                  " heads): cuDNN draws its dropout by local position, so every shard would drop the same elements; "
+                  "unset MESHFUSE_ATTENTION_RNG (meshfuse's mask is drawn by global position) or run attention "
+                  "unsharded");
+}
+
 }  // namespace meshfuse::cuda

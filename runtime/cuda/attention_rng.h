@@ -10,6 +10,9 @@
 //     CUDA drops different elements. For training on GPUs only, where that agreement is not needed.
 // CUDA-free header.
 #pragma once
+#include <string>
+
+#include "runtime/attention_params.h"
 
 namespace meshfuse::cuda {
 
@@ -17,5 +20,11 @@ enum class AttentionRng { Meshfuse, Cudnn };
 
 // The environment's choice; UserError naming the accepted values for any other.
 AttentionRng attentionRngFromEnvironment();
+
+// UserError when attention `op` with cuDNN's generator would run on a shard of the heads or the
+// batch: cuDNN draws by local position, so every shard (every tensor-parallel rank, with the same
+// seed and offset) would drop the same pattern in its heads, where meshfuse's mask is drawn by
+// global position. Raised on every rank alike, before the call.
+void checkCudnnRngUnsharded(const AttentionParams& p, const std::string& op);
 
 }  // namespace meshfuse::cuda

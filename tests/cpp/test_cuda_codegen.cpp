@@ -772,6 +772,26 @@ TEST(AttentionRng, TheEnvironmentPicksWhoDrawsTheMask) {
   }
 }
 
+// cuDNN's generator draws by local position: a shard of the heads (or of the batch) would repeat
+// every other shard's mask, so it is refused there, and allowed on the whole tensor.
+TEST(AttentionRng, CudnnRngRefusesShardedAttention) {
+  AttentionParams whole;
+  whole.batch = 2;
+  whole.heads = whole.global_heads = 8;
+  EXPECT_NO_THROW(cuda::checkCudnnRngUnsharded(whole, "sdpfa_fwd"));
+  AttentionParams shard = whole;
+  shard.heads = 4;
+  shard.head_offset = 4;
+  shard.sharded = true;
+  try {
+    cuda::checkCudnnRngUnsharded(shard, "sdpfa_bwd");
+    ADD_FAILURE() << "a shard of the heads was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("sdpfa_bwd"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("4 of 8 heads"), std::string::npos) << e.what();
+  }
+}
+
 // The one-byte mask was withdrawn (cuDNN's backward applies it as all dropped: dropout_mask.h); a user
 // who still sets it gets an error that says so, not wrong gradients.
 TEST(DropoutMaskCodegen, TheWithdrawnByteWidthIsAClearError) {
