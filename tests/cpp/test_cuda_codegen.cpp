@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "norm_fusions.h"
+#include "ops/attention.h"
 #include "ops/ops.h"
+#include "runtime/attention_params.h"
 #include "runtime/cuda/attention_rng.h"
 #include "runtime/cuda/dropout_mask.h"
 #include "runtime/cuda/kernel_cache.h"
@@ -790,6 +792,21 @@ TEST(AttentionRng, CudnnRngRefusesShardedAttention) {
     EXPECT_NE(std::string(e.what()).find("sdpfa_bwd"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("4 of 8 heads"), std::string::npos) << e.what();
   }
+}
+
+// What the refusal above reads: an attention call is sharded when its global block holds more
+// batch entries or heads than the call does; a block that is the whole tensor, or none, is not.
+TEST(AttentionRng, ShardedIsReadFromTheGlobalBlock) {
+  Fusion f;
+  TensorView* q = f.newTensor(DataType::BFloat16, {2, 8, 16, 64});
+  const ops::SdpaFwdResult r = ops::sdpfaFwd(q, q, q, nullptr, nullptr, nullptr);
+  const Expr& e = *r.out->definition();
+  const auto scalar = [](const Val* v) { return static_cast<const Scalar*>(v)->value().value_or(0.0); };
+  const std::vector<int64_t> local{2, 4, 16, 64};
+  GlobalBlock heads{{2, 8, 16, 64}, {0, 4, 0, 0}}, whole{{2, 4, 16, 64}, {0, 0, 0, 0}};
+  EXPECT_TRUE(attentionParams(e, local, local, local, scalar, &heads).sharded);
+  EXPECT_FALSE(attentionParams(e, local, local, local, scalar, &whole).sharded);
+  EXPECT_FALSE(attentionParams(e, local, local, local, scalar, nullptr).sharded);
 }
 
 // The one-byte mask was withdrawn (cuDNN's backward applies it as all dropped: dropout_mask.h); a user
