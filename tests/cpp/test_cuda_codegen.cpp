@@ -751,6 +751,19 @@ TEST(DropoutMaskCodegen, MaskDtypeFollowsTheWidth) {
   if (env == nullptr) EXPECT_EQ(cuda::maskWidthFromEnvironment(), MaskWidth::Narrow);
 }
 
+// `call` throws a UserError whose message holds every phrase of `phrases` (`what`: the input, for the
+// failure message if it is accepted).
+void expectUserErrorSaying(const std::function<void()>& call, const std::vector<std::string>& phrases,
+                           const std::string& what) {
+  try {
+    call();
+    ADD_FAILURE() << what << " was accepted";
+  } catch (const UserError& e) {
+    for (const std::string& phrase : phrases)
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+  }
+}
+
 // MESHFUSE_ATTENTION_RNG: meshfuse's Philox mask by default (unset or empty), cuDNN's in-kernel
 // generator when asked for, and any other value an error naming both.
 TEST(AttentionRng, TheEnvironmentPicksWhoDrawsTheMask) {
@@ -765,13 +778,8 @@ TEST(AttentionRng, TheEnvironmentPicksWhoDrawsTheMask) {
     EXPECT_EQ(cuda::attentionRngFromEnvironment(), expected) << value;
   }
   const testing::ScopedEnv rng("MESHFUSE_ATTENTION_RNG", "curand");
-  try {
-    cuda::attentionRngFromEnvironment();
-    ADD_FAILURE() << "MESHFUSE_ATTENTION_RNG=curand was accepted";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("meshfuse"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("cudnn"), std::string::npos) << e.what();
-  }
+  expectUserErrorSaying([] { cuda::attentionRngFromEnvironment(); }, {"meshfuse", "cudnn"},
+                        "MESHFUSE_ATTENTION_RNG=curand");
 }
 
 // cuDNN's generator draws by local position: a shard of the heads (or of the batch) would repeat
@@ -785,13 +793,8 @@ TEST(AttentionRng, CudnnRngRefusesShardedAttention) {
   shard.heads = 4;
   shard.head_offset = 4;
   shard.sharded = true;
-  try {
-    cuda::checkCudnnRngUnsharded(shard, "sdpfa_bwd");
-    ADD_FAILURE() << "a shard of the heads was accepted";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("sdpfa_bwd"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("4 of 8 heads"), std::string::npos) << e.what();
-  }
+  expectUserErrorSaying([&] { cuda::checkCudnnRngUnsharded(shard, "sdpfa_bwd"); }, {"sdpfa_bwd", "4 of 8 heads"},
+                        "a shard of the heads");
 }
 
 // What the refusal above reads: an attention call is sharded when its global block holds more
@@ -813,12 +816,7 @@ TEST(AttentionRng, ShardedIsReadFromTheGlobalBlock) {
 // who still sets it gets an error that says so, not wrong gradients.
 TEST(DropoutMaskCodegen, TheWithdrawnByteWidthIsAClearError) {
   const testing::ScopedEnv width("MESHFUSE_ATTENTION_MASK", "byte");
-  try {
-    cuda::maskWidthFromEnvironment();
-    ADD_FAILURE() << "MESHFUSE_ATTENTION_MASK=byte was accepted";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("withdrawn"), std::string::npos) << e.what();
-  }
+  expectUserErrorSaying([] { cuda::maskWidthFromEnvironment(); }, {"withdrawn"}, "MESHFUSE_ATTENTION_MASK=byte");
   const testing::ScopedEnv other("MESHFUSE_ATTENTION_MASK", "wide");
   EXPECT_THROW(cuda::maskWidthFromEnvironment(), UserError);
   const testing::ScopedEnv exact("MESHFUSE_ATTENTION_MASK", "exact");
