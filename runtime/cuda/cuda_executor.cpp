@@ -115,8 +115,12 @@ class SegmentRun {
     if (read_through_.count(v)) return false;  // its reductions read the operand instead
     if (outputs_.count(static_cast<const TensorView*>(v))) return true;
     for (size_t k = after; k < seg_.exprs.size(); ++k)
-      for (const Val* in : seg_.exprs[k]->inputs())
+      for (const Val* in : seg_.exprs[k]->inputs()) {
         if (in == v) return true;
+        // A reduction of a read-through cast reads the cast's operand, computed here or not at all.
+        const auto through = read_through_.find(in);
+        if (through != read_through_.end() && through->second == v) return true;
+      }
     return false;
   }
 

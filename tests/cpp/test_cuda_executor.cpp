@@ -486,8 +486,11 @@ TEST(CudaExecutorNormalization, OuterOnlyReductionsAtEveryRowLength) {
     c.kind = Segment::Kind::Normalization;
     TensorView* dy = c.input(DataType::BFloat16, {rows, row}, rng, -1, 1);
     TensorView* wide = ops::cast(dy, DataType::Float);
+    // The second sum reads through a cast of a value the segment computes itself (dy * dy): that
+    // product must still be computed for it.
+    TensorView* squares = ops::cast(ops::binary(OpType::Mul, dy, dy), DataType::Float);
     c.outputs = {ops::cast(ops::reduction(OpType::Sum, wide, {0}, false), DataType::BFloat16),
-                 ops::binary(OpType::Mul, dy, dy)};
+                 ops::binary(OpType::Mul, dy, dy), ops::reduction(OpType::Sum, squares, {0}, false)};
     c.check("bias gradient [" + std::to_string(rows) + ", " + std::to_string(row) + "]", /*loose=*/true);
   }
 }
