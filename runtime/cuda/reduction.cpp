@@ -219,18 +219,22 @@ bool tryColumnReduction(int device, OpType op, const Tensor& x, const AxisGroup&
   const int64_t vec = 16 / static_cast<int64_t>(dataTypeSize(in_t));
   const int64_t rows = r.extents[0], cols = k.extents[0], row_stride = r.strides[0];
   if (cols % vec != 0 || row_stride % vec != 0 || reinterpret_cast<uintptr_t>(x.data()) % 16 != 0) return false;
-  // Enough blocks for four per multiprocessor, each split at least 64 rows long.
+  // Enough blocks for four per multiprocessor, each split at least 64 rows long. The second pass
+  // reads the partial results 16 bytes at a time too, so splits need the columns to fill whole
+  // vectors of the accumulator's type as well (a wider one than the input's: a single pass).
+  const DataType acc_t = accType(out_t) == "double" ? DataType::Double : DataType::Float;
+  const bool partials_vectorize = cols % (16 / static_cast<int64_t>(dataTypeSize(acc_t))) == 0;
   const int64_t col_blocks = (cols / vec + kColX - 1) / kColX;
   const int64_t target = static_cast<int64_t>(multiprocessorCount(device)) * 4;
-  const int64_t splits =
-      std::clamp<int64_t>((target + col_blocks - 1) / col_blocks, 1, std::max<int64_t>(rows / 64, 1));
+  const int64_t splits = partials_vectorize ? std::clamp<int64_t>((target + col_blocks - 1) / col_blocks, 1,
+                                                                  std::max<int64_t>(rows / 64, 1))
+                                            : 1;
   const double scale = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
   if (splits == 1) {
     launchColumnReduction(device, op, x.data(), in_t, out.data(), out_t, rows, cols, row_stride, 1, scale);
     return true;
   }
   // Partial results in the accumulator's type, then the same kernel over them (a mean sums first).
-  const DataType acc_t = accType(out_t) == "double" ? DataType::Double : DataType::Float;
   const Tensor partial = Tensor::empty({splits, cols}, acc_t, Device::cuda(device));
   const OpType first = op == OpType::Mean ? OpType::Sum : op;
   launchColumnReduction(device, first, x.data(), in_t, partial.data(), acc_t, rows, cols, row_stride, splits, 1.0);
