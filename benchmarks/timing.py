@@ -63,21 +63,23 @@ def kernel_profile(label, fn, sync, top=8, timeline=False):
         print_timeline(label, prof)
 
 
+def device_spans(prof):
+    """(start us, end us, name) of each GPU kernel or copy the profile saw, in start order."""
+    return sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                  if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start)
+
+
 def print_timeline(label, prof):
     """Each GPU kernel or copy of the call, in start order, with its microseconds."""
-    spans = sorted((e.time_range.start, e.time_range.end - e.time_range.start, e.name) for e in prof.events()
-                   if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start)
-    for i, (_, us, name) in enumerate(spans):
-        print(f"#   {label} {i:3d} {us:9.1f} us  {name[:90]}")
+    for i, (start, end, name) in enumerate(device_spans(prof)):
+        print(f"#   {label} {i:3d} {end - start:9.1f} us  {name[:90]}")
 
 
 def print_idle_gaps(label, prof, top=6, min_us=5.0):
     """Where the GPU sat idle between the first and the last kernel of the call (host launch cost,
     synchronizations): the gaps longer than min_us, with the kernels on either side of each."""
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start)
     gaps, reach, before = [], None, None
-    for start, end, name in spans:
+    for start, end, name in device_spans(prof):
         if reach is not None and start - reach > min_us:
             gaps.append((start - reach, before, name))
         if reach is None or end > reach:
