@@ -88,3 +88,35 @@ def print_idle_gaps(label, prof, top=6, min_us=5.0):
     worst = sorted(gaps, key=lambda g: -g[0])[:top]
     print(f"#   {label} idle inside the call: {total:.2f} ms in {len(gaps)} gaps > {min_us:.0f} us; longest: " +
           "; ".join(f"{g:.0f} us {a[:28]} -> {b[:28]}" for g, a, b in worst))
+
+
+def host_device_split(label, fn, sync, iters=5):
+    """Where a call's wall time goes, medians over `iters` calls after one warm-up: the host's time to
+    return from fn (launching its kernels), the device's time between CUDA events recorded on the
+    current stream just before and just after the call (which includes any wait for the host's
+    first launch), and the wall time to the synchronization. Wall ~ host: launch-bound; wall ~ events
+    >> the profile's busy time: the device ran slower than under the profiler (clocks, power)."""
+    import statistics
+
+    import torch
+    fn()
+    sync()
+    host, dev, wall = [], [], []
+    for _ in range(iters):
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        sync()
+        t0 = time.perf_counter()
+        before.record()
+        fn()
+        t1 = time.perf_counter()
+        after.record()
+        sync()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) * 1e3)
+        wall.append((t2 - t0) * 1e3)
+        dev.append(before.elapsed_time(after))
+    clock = ""
+    with contextlib.suppress(Exception):  # pynvml may be missing
+        clock = f", SM clock now {torch.cuda.clock_rate()} MHz"
+    print(f"#   {label} host/device split: host launch {statistics.median(host):.2f} ms, device events "
+          f"{statistics.median(dev):.2f} ms, wall {statistics.median(wall):.2f} ms{clock}")

@@ -31,7 +31,7 @@ from meshfuse import DataType  # noqa: E402
 from meshfuse.models import transformer as tf  # noqa: E402
 from meshfuse.multidevice import Communicator  # noqa: E402
 from meshfuse.torch import TransformerLayer  # noqa: E402
-from timing import best_time, kernel_profile, scoped_env  # noqa: E402 (this directory, first on the path of a script run)
+from timing import best_time, host_device_split, kernel_profile, scoped_env  # noqa: E402 (this directory, first on the path of a script run)
 
 
 def layer_flops(cfg, backward):
@@ -312,6 +312,13 @@ def run_cuda(args):
                           ("torch step", lambda: step(torch_layer))):
             with torch.no_grad() if label == "torch fwd" else contextlib.nullcontext():
                 kernel_profile(label, fn, sync, timeline=args.profile_timeline and label.startswith("mf"))
+                host_device_split(label, fn, sync, args.iters)
+        for env_name, value in variants:  # meshfuse's passes again under each variant asked for
+            with scoped_env(env_name, value):
+                for label, fn in (("mf fwd", lambda: fwd.execute(ins)), ("mf bwd", lambda: bwd.execute(bwd_ins))):
+                    label = f"{label} {value}"
+                    kernel_profile(label, fn, sync, timeline=args.profile_timeline)
+                    host_device_split(label, fn, sync, args.iters)
     if rank != 0:
         return
     print(f"# transformer layer, {torch.cuda.get_device_name()} x{d} ({schedule}), b={cfg.batch} s={cfg.sequence} "

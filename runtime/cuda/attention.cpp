@@ -304,7 +304,6 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   // Who draws the mask (MESHFUSE_ATTENTION_RNG) and, when meshfuse does, what it holds
   // (MESHFUSE_ATTENTION_MASK): read once for the graph and the mask kernel.
   const bool cudnn_rng = dropout && attentionRngFromEnvironment() == AttentionRng::Cudnn;
-  if (cudnn_rng) checkCudnnRngUnsharded(p, toString(e.op()));
   const bool explicit_mask = dropout && !cudnn_rng;
   const DataType mask_dtype = explicit_mask ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
   InputStrides strides;
@@ -344,15 +343,17 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   if (forward) philox = devicePhiloxScalars(device, static_cast<int64_t>(p.seed), static_cast<int64_t>(p.offset));
   if (cudnn_rng) {
     // The words cuDNN's generator reads: the forward's outputs, or the backward's inputs when they
-    // are 16-byte aligned device words, else device copies of their values.
-    std::pair<Tensor, Tensor> words = philox;
-    if (!forward) {
-      const auto aligned = [](const void* at) { return at != nullptr && reinterpret_cast<uintptr_t>(at) % 16 == 0; };
-      words = aligned(seed_at) && aligned(offset_at)
-                  ? std::pair<Tensor, Tensor>{tensors[kBwdSeed], tensors[kBwdOffset]}
-                  : devicePhiloxScalars(device, static_cast<int64_t>(seed_at ? readScalar(tensors[kBwdSeed]) : p.seed),
-                                        static_cast<int64_t>(offset_at ? readScalar(tensors[kBwdOffset]) : p.offset));
-    }
+    // are 16-byte aligned device words; a shard of the heads or the batch (and a misaligned or host
+    // input) gets words of its own from one one-thread kernel, its seed mixed with the shard's key.
+    const uint64_t key = cudnnShardKey(p);
+    const auto aligned = [](const void* at) { return at != nullptr && reinterpret_cast<uintptr_t>(at) % 16 == 0; };
+    std::pair<Tensor, Tensor> words;
+    if (forward && key == 0)
+      words = philox;
+    else if (!forward && key == 0 && aligned(seed_at) && aligned(offset_at))
+      words = {tensors[kBwdSeed], tensors[kBwdOffset]};
+    else
+      words = cudnnPhiloxWords(device, seed_at, offset_at, p.seed, p.offset, key);
     keep.push_back(words.first);
     keep.push_back(words.second);
     pack[built->tensors.at("seed")] = words.first.data();

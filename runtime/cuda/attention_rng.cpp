@@ -4,6 +4,8 @@
 #include <string>
 
 #include "ir/ir.h"
+#include "runtime/cuda/kernel_cache.h"
+#include "runtime/cuda/streams.h"
 
 namespace meshfuse::cuda {
 
@@ -17,13 +19,54 @@ AttentionRng attentionRngFromEnvironment() {
                   "in-kernel dropout: faster on CUDA, a mask the CPU cannot draw)");
 }
 
-void checkCudnnRngUnsharded(const AttentionParams& p, const std::string& op) {
-  if (!p.sharded) return;
-  throw UserError(op + " with MESHFUSE_ATTENTION_RNG=cudnn on sharded heads or batch (this rank holds " +
-                  std::to_string(p.heads) + " of " + std::to_string(p.global_heads) +
-                  " heads): cuDNN draws its dropout by local position, so every shard would drop the same elements; "
-                  "unset MESHFUSE_ATTENTION_RNG (meshfuse's mask is drawn by global position) or run attention "
-                  "unsharded");
+uint64_t cudnnShardKey(const AttentionParams& p) {
+  if (!p.sharded) return 0;
+  return static_cast<uint64_t>(p.batch_offset) * static_cast<uint64_t>(p.global_heads) +
+         static_cast<uint64_t>(p.head_offset);
+}
+
+namespace {
+// mixShardSeed (attention_rng.h) in CUDA C: the unit test runs both on the same keys.
+const char* const kShardKernel = R"(
+struct ShardParams {
+  long long* out;
+  const long long* seed_at;
+  const long long* offset_at;
+  unsigned long long seed, offset, key;
+};
+extern "C" __global__ void meshfuse_shard_philox(ShardParams p) {
+  unsigned long long seed = p.seed_at ? (unsigned long long)p.seed_at[0] : p.seed;
+  unsigned long long z = seed;
+  if (p.key != 0) {
+    z = seed + p.key * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z = z ^ (z >> 31);
+  }
+  p.out[0] = (long long)z;
+  p.out[2] = p.offset_at ? p.offset_at[0] : (long long)p.offset;
+}
+)";
+
+struct ShardParams {
+  void* out;
+  const void* seed_at;
+  const void* offset_at;
+  uint64_t seed, offset, key;
+};
+}  // namespace
+
+std::string shardPhiloxSource() { return kShardKernel; }
+
+std::pair<Tensor, Tensor> cudnnPhiloxWords(int device, const void* seed_at, const void* offset_at, uint64_t seed,
+                                           uint64_t offset, uint64_t key) {
+  // Four words, the offset at word 2, as devicePhiloxScalars lays them out.
+  const Tensor both = Tensor::empty({4}, DataType::Int, Device::cuda(device));
+  ShardParams params{both.data(), seed_at, offset_at, seed, offset, key};
+  KernelFunction kernel = cachedKernel(
+      device, "meshfuse_shard_philox", [] { return shardPhiloxSource(); }, "meshfuse_shard_philox");
+  launchKernel(kernel, 1, 1, currentStream(device), &params);
+  return {both.slice(0, 0, 1).view({}), both.slice(0, 2, 1).view({})};
 }
 
 }  // namespace meshfuse::cuda

@@ -8,11 +8,15 @@
 //     forward's mask) and a (seed, offset) pair still gives the same mask on every run, but the mask
 //     follows cuDNN's undocumented layout: the CPU kernel cannot draw it, so a fusion run on CPU and on
 //     CUDA drops different elements. For training on GPUs only, where that agreement is not needed.
+// Tensor-parallel runs (heads or batch sharded) give each shard a seed of its own (cudnnShardKey).
 // CUDA-free header.
 #pragma once
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "runtime/attention_params.h"
+#include "runtime/tensor.h"
 
 namespace meshfuse::cuda {
 
@@ -21,10 +25,31 @@ enum class AttentionRng { Meshfuse, Cudnn };
 // The environment's choice; UserError naming the accepted values for any other.
 AttentionRng attentionRngFromEnvironment();
 
-// UserError when attention `op` with cuDNN's generator would run on a shard of the heads or the
-// batch: cuDNN draws by local position, so every shard (every tensor-parallel rank, with the same
-// seed and offset) would drop the same pattern in its heads, where meshfuse's mask is drawn by
-// global position. Raised on every rank alike, before the call.
-void checkCudnnRngUnsharded(const AttentionParams& p, const std::string& op);
+// The key of attention block `p`'s shard for cuDNN's generator: 0 on the whole tensor and on the shard
+// that holds its first (batch, head), else that shard's first global (batch, head) index. cuDNN draws
+// by local position, so shards given one seed would all drop the same pattern in their heads
+// (meshfuse's own mask is drawn by global position and needs none of this).
+uint64_t cudnnShardKey(const AttentionParams& p);
+
+// The seed cuDNN is given for the shard of key `key`: `seed` itself for key 0, else a splitmix64 mix
+// of the two, so that every shard draws its own mask. The masks then depend on how the heads are
+// sharded (cuDNN's mask is not the CPU's either: the price of MESHFUSE_ATTENTION_RNG=cudnn). The
+// backward derives it again from the forward's seed, so both passes drop the same elements.
+inline uint64_t mixShardSeed(uint64_t seed, uint64_t key) {
+  if (key == 0) return seed;
+  uint64_t z = seed + key * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// The seed and offset words cuDNN's generator reads for the shard of key `key`: 16-byte aligned
+// device views (as devicePhiloxScalars), written by one one-thread kernel on the current stream from
+// the device words `seed_at` / `offset_at` (the backward's philox inputs, read without waiting for
+// the kernels that write them) or, where those are null, from `seed` / `offset`.
+std::pair<Tensor, Tensor> cudnnPhiloxWords(int device, const void* seed_at, const void* offset_at, uint64_t seed,
+                                           uint64_t offset, uint64_t key);
+// That kernel's source (for the code generation tests).
+std::string shardPhiloxSource();
 
 }  // namespace meshfuse::cuda

@@ -782,22 +782,39 @@ TEST(AttentionRng, TheEnvironmentPicksWhoDrawsTheMask) {
                         "MESHFUSE_ATTENTION_RNG=curand");
 }
 
-// cuDNN's generator draws by local position: a shard of the heads (or of the batch) would repeat
-// every other shard's mask, so it is refused there, and allowed on the whole tensor.
-TEST(AttentionRng, CudnnRngRefusesShardedAttention) {
+// cuDNN's generator draws by local position, so each shard of the heads (or of the batch) is given a
+// seed of its own: the whole tensor and the first shard keep the op's seed, every other shard's key is
+// its first global (batch, head) index and its seed a mix that differs between shards and seeds.
+TEST(AttentionRng, EveryShardButTheFirstGetsASeedOfItsOwn) {
   AttentionParams whole;
   whole.batch = 2;
   whole.heads = whole.global_heads = 8;
-  EXPECT_NO_THROW(cuda::checkCudnnRngUnsharded(whole, "sdpfa_fwd"));
-  AttentionParams shard = whole;
-  shard.heads = 4;
-  shard.head_offset = 4;
-  shard.sharded = true;
-  expectUserErrorSaying([&] { cuda::checkCudnnRngUnsharded(shard, "sdpfa_bwd"); }, {"sdpfa_bwd", "4 of 8 heads"},
-                        "a shard of the heads");
+  EXPECT_EQ(cuda::cudnnShardKey(whole), 0u);
+  std::set<uint64_t> seeds;
+  for (int64_t batch_offset : {0, 1})
+    for (int64_t head_offset : {0, 4}) {
+      AttentionParams shard = whole;
+      shard.batch = 1;
+      shard.heads = 4;
+      shard.batch_offset = batch_offset;
+      shard.head_offset = head_offset;
+      shard.sharded = true;
+      const uint64_t key = cuda::cudnnShardKey(shard);
+      EXPECT_EQ(key, static_cast<uint64_t>(batch_offset * 8 + head_offset));
+      seeds.insert(cuda::mixShardSeed(1234, key));
+      EXPECT_NE(cuda::mixShardSeed(1234, key), cuda::mixShardSeed(1235, key)) << key;
+    }
+  EXPECT_EQ(seeds.size(), 4u);
+  EXPECT_EQ(seeds.count(1234), 1u);  // the first shard's
+  EXPECT_EQ(cuda::mixShardSeed(1234, 0), 1234u);
 }
 
-// What the refusal above reads: an attention call is sharded when its global block holds more
+// The kernel that writes a shard's words compiles (it runs in test_cuda_dropout_mask.cpp).
+TEST(AttentionRng, ShardKernelCompiles) {
+  EXPECT_FALSE(cuda::compileToCubin(cuda::shardPhiloxSource(), "shard_philox", "sm_90").empty());
+}
+
+// What the shard key above reads: an attention call is sharded when its global block holds more
 // batch entries or heads than the call does; a block that is the whole tensor, or none, is not.
 TEST(AttentionRng, ShardedIsReadFromTheGlobalBlock) {
   Fusion f;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cuda/attention_rng.h"
 #include "runtime/cuda/dropout_mask.h"
 #include "runtime/cuda/streams.h"
 #include "runtime/half.h"
@@ -85,6 +86,28 @@ TEST(CudaDropoutMask, PhiloxScalarsHoldTheSeedAndTheOffset) {
   }
   EXPECT_EQ(s.to(Device::cpu()).dataAs<int64_t>()[0], seed);
   EXPECT_EQ(o.to(Device::cpu()).dataAs<int64_t>()[0], offset);
+}
+
+// The words cuDNN's generator reads for a shard (attention_rng.h): the kernel mixes the seed exactly
+// as the host's mixShardSeed, from device words (the backward's inputs) or from host values (the
+// forward's), keeps the offset, and leaves key 0's seed alone.
+TEST(CudaDropoutMask, ShardWordsMixTheSeedAsTheHostDoes) {
+  std::string why;
+  if (cuda::deviceCount(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  const uint64_t seed = (uint64_t{1} << 40) + 17, offset = 987654321;
+  const auto [device_seed, device_offset] =
+      cuda::devicePhiloxScalars(0, static_cast<int64_t>(seed), static_cast<int64_t>(offset));
+  for (uint64_t key : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{96 * 7 + 5}}) {
+    SCOPED_TRACE("key " + std::to_string(key));
+    for (bool from_device : {true, false}) {
+      const auto [s, o] = from_device ? cuda::cudnnPhiloxWords(0, device_seed.data(), device_offset.data(), 0, 0, key)
+                                      : cuda::cudnnPhiloxWords(0, nullptr, nullptr, seed, offset, key);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(s.data()) % 16, 0u);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(o.data()) % 16, 0u);
+      EXPECT_EQ(static_cast<uint64_t>(s.to(Device::cpu()).dataAs<int64_t>()[0]), cuda::mixShardSeed(seed, key));
+      EXPECT_EQ(static_cast<uint64_t>(o.to(Device::cpu()).dataAs<int64_t>()[0]), offset);
+    }
+  }
 }
 
 }  // namespace

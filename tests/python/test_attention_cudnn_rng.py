@@ -7,28 +7,11 @@ import numpy as np
 import pytest
 
 from attention_reference import attention_grad_reference, attention_reference, dropout_keep
+from attention_fusions import forward_and_backward as fusions
 from conftest import torch_cuda_available
-from meshfuse import DataType, FusionDefinition
 
-BF16 = DataType.BFloat16
 pytestmark = pytest.mark.skipif(not torch_cuda_available(),
                                 reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
-
-
-def fusions(b, h, sq, skv, d, p, causal):
-    with FusionDefinition() as fwd:
-        q, k, v = (fwd.define_tensor(s, dtype=BF16) for s in ([b, h, sq, d], [b, h, skv, d], [b, h, skv, d]))
-        for t in fwd.ops.sdpfa_fwd(q, k, v, dropout_p=p, is_causal=causal):
-            fwd.add_output(t)
-    with FusionDefinition() as bwd:
-        go, q = (bwd.define_tensor([b, h, sq, d], dtype=BF16) for _ in range(2))
-        k, v = (bwd.define_tensor([b, h, skv, d], dtype=BF16) for _ in range(2))
-        out = bwd.define_tensor([b, h, sq, d], dtype=BF16)
-        lse = bwd.define_tensor([b, h, sq], dtype=DataType.Float)
-        seed, offset = bwd.define_tensor([], dtype=DataType.Int), bwd.define_tensor([], dtype=DataType.Int)
-        for t in bwd.ops.sdpfa_bwd(go, q, k, v, out, lse, p, causal, seed, offset):
-            bwd.add_output(t)
-    return fwd, bwd
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
