@@ -225,7 +225,8 @@ int main(int argc, char** argv) {
     Tensor& full_raw = fulls[1];
     Tensor& part_raw = parts[1];
     row(
-        "allgather", ring, [](Backend& b, Tensor& full, Tensor& part) { b.allgather(part, full)->wait(kTimeout); },
+        "allgather", ring,
+        [](Backend& b, Tensor& full, const Tensor& part) { b.allgather(part, full)->wait(kTimeout); },
         [&] { MPI_Allgather(part_raw.data(), count, MPI_FLOAT, full_raw.data(), count, MPI_FLOAT, MPI_COMM_WORLD); },
         ucc_allgather);
     row(

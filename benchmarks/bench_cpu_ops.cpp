@@ -269,6 +269,7 @@ int main(int argc, char** argv) {
   // Interleave the repetitions of all cases at random by default: run in order, a case's place in
   // the run (warm caches, the allocator's state, another tenant's load) sways it by 10%.
   std::vector<char*> args(argv, argv + argc);
+  // cppcheck-suppress variableScope ; args points into it until benchmark::Initialize has read them
   std::string interleave = "--benchmark_enable_random_interleaving=true";
   if (std::none_of(args.begin(), args.end(), [](const char* a) {
         return std::string(a).rfind("--benchmark_enable_random_interleaving", 0) == 0;

@@ -185,7 +185,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     it = programs_.emplace(key, std::move(program)).first;
   }
   last_ = it->second;
-  Program& program = *it->second;
+  const Program& program = *it->second;
   const Fusion& lowered = *program.resharded.fusion;
 
   ValueMap values;

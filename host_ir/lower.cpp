@@ -68,7 +68,7 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
   for (const auto& [val, global] : shapes)
     hic_->local_shapes[val] = localShape(static_cast<const TensorView*>(val), global);
   if (isMultiDevice(fusion)) {
-    Communicator& comm = Communicator::instance();
+    const Communicator& comm = Communicator::instance();
     backend_ = comm.resolve(params_.communicator_backend, device);
     if (!comm.isAvailable(backend_)) {
       std::string available;

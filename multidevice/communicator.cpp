@@ -106,11 +106,11 @@ Communicator::Communicator() {
       std::fprintf(stderr, "meshfuse: warning: MPI provides thread level %d, not MPI_THREAD_MULTIPLE\n", provided);
     finalize_mpi_ = true;  // we started MPI, so we end it; mpi4py ends the MPI it started
   }
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  rank_ = rank;
-  size_ = size;
+  int world_rank = 0, world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  rank_ = world_rank;
+  size_ = world_size;
 
   nodes_ = NodeTopology::discover();
 

@@ -34,7 +34,8 @@ ParallelType meshParallelType(int index) {
   return types[index];
 }
 
-DeviceMesh::DeviceMesh(std::vector<int64_t> devices) : DeviceMesh(devices, {static_cast<int64_t>(devices.size())}) {}
+DeviceMesh::DeviceMesh(const std::vector<int64_t>& devices)
+    : DeviceMesh(devices, {static_cast<int64_t>(devices.size())}) {}
 
 DeviceMesh::DeviceMesh(std::vector<int64_t> devices, std::vector<int64_t> shape)
     : devices_(std::move(devices)), shape_(std::move(shape)) {

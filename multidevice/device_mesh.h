@@ -20,7 +20,7 @@ ParallelType meshParallelType(int index);
 class DeviceMesh {
  public:
   DeviceMesh() = default;
-  explicit DeviceMesh(std::vector<int64_t> devices);  // 1-D
+  explicit DeviceMesh(const std::vector<int64_t>& devices);  // 1-D
   DeviceMesh(std::vector<int64_t> devices, std::vector<int64_t> shape);
 
   const std::vector<int64_t>& devices() const { return devices_; }

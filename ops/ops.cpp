@@ -103,7 +103,7 @@ TensorView* cast(TensorView* x, DataType dtype) {
 
 TensorView* set(TensorView* x) { return build(OpType::Set, {x}); }
 
-TensorView* reduction(OpType op, TensorView* x, std::vector<int64_t> axes, bool keepdim) {
+TensorView* reduction(OpType op, TensorView* x, const std::vector<int64_t>& axes, bool keepdim) {
   if (!isReduction(op)) throw UserError(toString(op) + " is not a reduction");
   if (x == nullptr) throw UserError(toString(op) + ": operand is None");
   ExprAttributes attrs;
@@ -143,7 +143,7 @@ TensorView* slice(TensorView* x, std::vector<int64_t> starts, std::vector<int64_
 
 TensorView* cat(const std::vector<TensorView*>& tensors, int64_t dim) {
   if (tensors.empty()) throw UserError("cat: needs at least one tensor");
-  for (TensorView* t : tensors)
+  for (const TensorView* t : tensors)
     if (t == nullptr) throw UserError("cat: a tensor is None");
   ExprAttributes attrs;
   attrs.axes = normalizeAxes({dim}, tensors[0]->ndim(), "cat");

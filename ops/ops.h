@@ -15,7 +15,7 @@ TensorView* where(Val* cond, Val* a, Val* b);
 TensorView* cast(TensorView* x, DataType dtype);
 TensorView* set(TensorView* x);
 // dtype of sum: Int for integral/bool inputs (as numpy), else the input's.
-TensorView* reduction(OpType op, TensorView* x, std::vector<int64_t> axes, bool keepdim);
+TensorView* reduction(OpType op, TensorView* x, const std::vector<int64_t>& axes, bool keepdim);
 TensorView* broadcastInDim(TensorView* x, std::vector<int64_t> shape, std::vector<int64_t> broadcast_dims);
 TensorView* reshape(TensorView* x, std::vector<int64_t> shape);
 TensorView* permute(TensorView* x, std::vector<int64_t> dims);

@@ -132,9 +132,9 @@ Tensor Tensor::empty(const std::vector<int64_t>& shape, DataType dtype, Device d
   Allocator* allocator = allocatorFor(device);
   size_t bytes = static_cast<size_t>(numelOf(shape)) * dataTypeSize(dtype);
   void* p = allocator->allocate(bytes);
-  auto storage =
+  auto owned =
       std::make_shared<Storage>(p, bytes, device, [allocator, bytes](void* q) { allocator->deallocate(q, bytes); });
-  return Tensor(std::move(storage), 0, dtype, shape, contiguousStrides(shape));
+  return Tensor(std::move(owned), 0, dtype, shape, contiguousStrides(shape));
 }
 
 Tensor Tensor::zeros(const std::vector<int64_t>& shape, DataType dtype, Device device) {
@@ -150,9 +150,9 @@ Tensor Tensor::fromBlob(void* data, DataType dtype, std::vector<int64_t> shape, 
   int64_t span = 1;
   for (size_t i = 0; i < shape.size(); ++i)
     if (shape[i] > 0) span += (shape[i] - 1) * std::abs(strides[i]);
-  auto storage =
+  auto borrowed =
       std::make_shared<Storage>(data, static_cast<size_t>(span) * dataTypeSize(dtype), device, std::move(release));
-  return Tensor(std::move(storage), 0, dtype, std::move(shape), std::move(strides));
+  return Tensor(std::move(borrowed), 0, dtype, std::move(shape), std::move(strides));
 }
 
 void* Tensor::data() const {
@@ -172,37 +172,37 @@ bool Tensor::isContiguous() const {
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   if (static_cast<int64_t>(dims.size()) != dim()) throw std::invalid_argument("permute: wrong number of dims");
-  std::vector<int64_t> shape(dims.size()), strides(dims.size());
+  std::vector<int64_t> permuted_shape(dims.size()), permuted_strides(dims.size());
   std::vector<bool> seen(dims.size(), false);
   for (size_t i = 0; i < dims.size(); ++i) {
     int64_t d = dims[i];
     if (d < 0 || d >= dim() || seen[d]) throw std::invalid_argument("permute: dims are not a permutation");
     seen[d] = true;
-    shape[i] = shape_[d];
-    strides[i] = strides_[d];
+    permuted_shape[i] = shape_[d];
+    permuted_strides[i] = strides_[d];
   }
-  return Tensor(storage_, byte_offset_, dtype_, shape, strides);
+  return Tensor(storage_, byte_offset_, dtype_, std::move(permuted_shape), std::move(permuted_strides));
 }
 
 Tensor Tensor::slice(int64_t axis, int64_t start, int64_t length) const {
   if (axis < 0 || axis >= dim() || start < 0 || length < 0 || start + length > shape_[axis])
     throw std::out_of_range("slice out of range");
-  std::vector<int64_t> shape = shape_;
-  shape[axis] = length;
+  std::vector<int64_t> sliced_shape = shape_;
+  sliced_shape[axis] = length;
   int64_t offset = byte_offset_ + start * strides_[axis] * static_cast<int64_t>(itemsize());
-  return Tensor(storage_, offset, dtype_, shape, strides_);
+  return Tensor(storage_, offset, dtype_, std::move(sliced_shape), strides_);
 }
 
 Tensor Tensor::expand(const std::vector<int64_t>& shape) const {
   if (shape.size() != shape_.size()) throw std::invalid_argument("expand: rank differs");
-  std::vector<int64_t> strides = strides_;
+  std::vector<int64_t> expanded_strides = strides_;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape_[i] == shape[i]) continue;
     if (shape_[i] != 1)
       throw std::invalid_argument("expand: extent " + std::to_string(shape_[i]) + " cannot broadcast");
-    strides[i] = 0;
+    expanded_strides[i] = 0;
   }
-  return Tensor(storage_, byte_offset_, dtype_, shape, strides);
+  return Tensor(storage_, byte_offset_, dtype_, shape, std::move(expanded_strides));
 }
 
 Tensor Tensor::view(const std::vector<int64_t>& shape) const {

@@ -21,7 +21,7 @@ class MpiWork final : public Work {
   // A cancellable Work (a recv) is cancelled on timeout; any other pending operation cannot be
   // (MPI forbids cancelling collectives, and Open MPI cannot cancel sends), so it is abandoned
   // together with its buffers.
-  MpiWork(OpLabel label, bool cancellable) : label_(label), cancellable_(cancellable) {}
+  MpiWork(OpLabel label, bool cancellable) : label_(std::move(label)), cancellable_(cancellable) {}
   ~MpiWork() override;
 
   void wait(std::chrono::milliseconds timeout) override;

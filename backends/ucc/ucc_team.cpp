@@ -21,8 +21,8 @@ Team::Team(Communicator& communicator, const std::vector<int64_t>& team, int64_t
   params.oob = oob_->coll(rank_in_team);
   params.ep = static_cast<uint64_t>(rank_in_team);
   params.ep_range = UCC_COLLECTIVE_EP_RANGE_CONTIG;
-  ucc_context_h handle = context.handle();
-  ucc_status_t status = ucc_team_create_post(&handle, 1, &params, &team_);
+  ucc_context_h context_handle = context.handle();
+  ucc_status_t status = ucc_team_create_post(&context_handle, 1, &params, &team_);
   if (status == UCC_OK) {
     pollUntil(
         [&] {

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "backends/poll_until.h"
 #include "backends/ucc/ucc_context.h"
@@ -19,7 +20,7 @@ struct Abandoned {
 };
 }  // namespace
 
-UccWork::UccWork(OpLabel label) : label_(label) { Context::instance().started(); }
+UccWork::UccWork(OpLabel label) : label_(std::move(label)) { Context::instance().started(); }
 
 UccWork::~UccWork() { abandon(); }
 

@@ -268,6 +268,7 @@ MESHFUSE_SIMD_CLONES T maxChunk(const T* __restrict x, int64_t n, T m) {
     m = lanes[l] > m ? lanes[l] : m;
   }
   for (; j < n; ++j) {
+    // cppcheck-suppress duplicateExpression ; x != x is the NaN test (true only for NaN)
     any_nan = any_nan || x[j] != x[j];
     m = x[j] > m ? x[j] : m;
   }
@@ -376,6 +377,7 @@ class Runner {
     }
     return shared_.columns[r.index].data();
   }
+  // cppcheck-suppress constParameter ; the slot it returns is written through
   T& scalarSlot(const Ref& r, Frame<T>& f) {
     return r.home == Home::RowScalar ? f.row_scalars[r.index] : shared_.scalars[r.index];
   }

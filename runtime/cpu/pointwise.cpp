@@ -394,7 +394,6 @@ void fillRandom(const Step& s, int64_t start, T* out, int64_t n) {
   const TileWords t = tileWords(r, philox::wordsPerElement(normal, r.wide), start, n);
   if (!normal && !r.wide) {  // one word an element: the vectorized formula over the words in a row
     alignas(kCacheLine) thread_local uint32_t gathered[kTile];
-    alignas(kCacheLine) thread_local float uniform[kTile];
     const uint32_t* w = t.of(0);
     if (t.pos) {
       for (int64_t i = 0; i < n; ++i) gathered[i] = t.words[t.pos[i]];
@@ -404,6 +403,7 @@ void fillRandom(const Step& s, int64_t start, T* out, int64_t n) {
     if constexpr (std::is_same_v<T, float>) {
       uniformFloats(w, n, lo, hi, out);
     } else {
+      alignas(kCacheLine) thread_local float uniform[kTile];
       uniformFloats(w, n, lo, hi, uniform);
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(uniform[i]);
     }

@@ -31,6 +31,7 @@ void gatherTile(const S* base, const std::vector<int64_t>& shape, const std::vec
   while (done < len) {
     const int64_t run = std::min(inner - index[rank - 1], len - done);
     const S* src = base + offset;
+    // cppcheck-suppress constStatement ; a declaration (cppcheck misreads the template's T)
     T* out = dst + done;
     if (inner_stride == 1) {
       for (int64_t i = 0; i < run; ++i) out[i] = Elem<S>::template load<T>(src[i]);

@@ -47,7 +47,8 @@ class SegmentRun {
         runPointwiseGroup(i, j);
         i = j;
       } else {
-        runSingle(*exprs[i]);
+        const Expr& single = *exprs[i];
+        runSingle(single);
         ++i;
       }
     }

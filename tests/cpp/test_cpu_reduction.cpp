@@ -69,7 +69,7 @@ TEST(CpuReduction, IntegerResultTypes) {
   f.addOutput(m);
   EXPECT_EQ(s->dtype(), DataType::Int);
   EXPECT_EQ(m->dtype(), DataType::Float);
-  for (TensorView* out : {s, m}) {
+  for (const TensorView* out : {s, m}) {
     Fusion g;
     TensorView* y = g.newTensor(DataType::Int32, {10, 4});
     g.addInput(y);

@@ -323,7 +323,7 @@ struct NormSegment {
             },
             transpose_x) {}
   explicit NormSegment(const Define& define, bool transpose_x = false) {
-    auto input = [&](DataType d, std::vector<int64_t> shape, double, double) {
+    auto add_input = [&](DataType d, std::vector<int64_t> shape, double, double) {
       TensorView* tv = fusion.newTensor(d, shape);
       fusion.addInput(tv);
       Tensor t = Tensor::empty(shape, d);
@@ -334,7 +334,7 @@ struct NormSegment {
       return tv;
     };
     seg.kind = Segment::Kind::Normalization;
-    seg.outputs = define(fusion, input);
+    seg.outputs = define(fusion, add_input);
     for (const auto& e : fusion.exprs()) seg.exprs.push_back(e.get());
     for (const auto& v : fusion.vals())
       if (v->isTensor()) shapes[v.get()] = static_cast<TensorView*>(v.get())->shape();

@@ -22,6 +22,7 @@ namespace {
 float maskValue(const Tensor& mask, int64_t e) {
   const auto* p = static_cast<const char*>(mask.data());
   switch (mask.dtype()) {
+    // cppcheck-suppress invalidPointerCast ; the bytes are floats (the mask's dtype says so)
     case DataType::Float: return reinterpret_cast<const float*>(p)[e];
     case DataType::Half: return halfToFloat(reinterpret_cast<const uint16_t*>(p)[e]);
     default: return bf16ToFloat(reinterpret_cast<const uint16_t*>(p)[e]);

@@ -83,7 +83,8 @@ struct Case {
   std::vector<TensorView*> outputs;
   std::function<Tensor(const Tensor&)> to_device = [](const Tensor& t) { return t.to(Device::cuda(0)); };
 
-  TensorView* input(DataType dtype, std::vector<int64_t> shape, std::mt19937& rng, double lo = -3, double hi = 3) {
+  TensorView* input(DataType dtype, const std::vector<int64_t>& shape, std::mt19937& rng, double lo = -3,
+                    double hi = 3) {
     TensorView* tv = fusion.newTensor(dtype, shape);
     fusion.addInput(tv);
     inputs.push_back({tv, randomTensor(shape, dtype, rng, lo, hi)});
@@ -807,7 +808,7 @@ TEST(CudaExecutorViews, PermuteBroadcastReshapeFeedPointwise) {
     TensorView* y = c.input(DataType::Float, {24, 16}, rng);
     c.outputs = {ops::binary(OpType::Mul, ops::permute(x, {1, 0}), y)};
     Segment seg;
-    c.kind = Segment::Kind::Pointwise;
+    seg.kind = Segment::Kind::Pointwise;
     // The CPU executor wants one expr per view segment: run the views on the CUDA executor alone
     // and compare with a host loop.
     ShapeMap shapes;

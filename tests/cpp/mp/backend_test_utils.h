@@ -94,7 +94,8 @@ inline Reduced reduceReference(const std::vector<std::vector<double>>& parts, Re
       double& acc = r.value[k];
       if (dtype == DataType::Bool) {
         const bool any = op == ReduceOp::Sum || op == ReduceOp::Max;
-        acc = any ? (acc != 0 || x != 0) : (acc != 0 && x != 0);
+        const bool result = any ? (acc != 0 || x != 0) : (acc != 0 && x != 0);
+        acc = result ? 1.0 : 0.0;
         continue;
       }
       switch (op) {

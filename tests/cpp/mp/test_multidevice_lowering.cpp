@@ -30,7 +30,7 @@ class MultiDevice : public ::testing::Test {
     tv->outerSplit(loop_axis, mesh.size(p));
     tv->parallelize(loop_axis, p);
   }
-  std::vector<Tensor> run(std::shared_ptr<Fusion> f, std::vector<Argument> in, std::string* host_ir = nullptr) {
+  std::vector<Tensor> run(std::shared_ptr<Fusion> f, const std::vector<Argument>& in, std::string* host_ir = nullptr) {
     FusionExecutorCache fec(std::move(f));
     auto out = fec.execute(in);
     if (host_ir) *host_ir = fec.lastHostIr();
