@@ -83,7 +83,7 @@ void BM_ChainFusedExecutor(benchmark::State& state) {
   mf::ShapeMap shapes = c.shapes();
   mf::ValueMap values;
   values.tensors[c.x] = randomFloats({kChainElements}, 1);
-  for (auto _ : state) {
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): Google Benchmark's loop
     exec->run(seg, values, shapes);
     benchmark::DoNotOptimize(values.tensors[c.steps.back()].data());
   }
@@ -102,7 +102,7 @@ void BM_ChainFourPasses(benchmark::State& state) {
   mf::ShapeMap shapes = c.shapes();
   mf::ValueMap values;
   values.tensors[c.x] = randomFloats({kChainElements}, 1);
-  for (auto _ : state) {
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): Google Benchmark's loop
     for (const auto& seg : segs) exec->run(seg, values, shapes);
     benchmark::DoNotOptimize(values.tensors[c.steps.back()].data());
     for (size_t i = 0; i + 1 < c.steps.size(); ++i) values.tensors.erase(c.steps[i]);  // temporaries die
@@ -117,7 +117,7 @@ void BM_ChainHandWrittenLoop(benchmark::State& state) {
   mf::Tensor x = randomFloats({kChainElements}, 1);
   mf::Tensor reused = mf::Tensor::zeros({kChainElements}, mf::DataType::Float);
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  for (auto _ : state) {
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): Google Benchmark's loop
     mf::Tensor y = reuse_output ? reused : mf::Tensor::empty({kChainElements}, mf::DataType::Float);
     const float* px = x.dataAs<const float>();
     float* py = y.dataAs<float>();
@@ -170,7 +170,7 @@ void BM_LinearExecutor(benchmark::State& state) {
     values.tensors[b] = randomFloats(b->shape(), 4);
   }
   auto exec = mf::makeCpuExecutor();
-  for (auto _ : state) {
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): Google Benchmark's loop
     exec->run(seg, values, shapes);
     benchmark::DoNotOptimize(values.tensors[y].data());
   }
@@ -183,7 +183,7 @@ void BM_LinearDirectSgemm(benchmark::State& state) {
   mf::Tensor x = randomFloats({kGemmSize, kGemmSize}, 2), w = randomFloats({kGemmSize, kGemmSize}, 3);
   mf::Tensor y = mf::Tensor::zeros({kGemmSize, kGemmSize}, mf::DataType::Float);
   const int n = static_cast<int>(kGemmSize);
-  for (auto _ : state) {
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): Google Benchmark's loop
     if (fresh_output) y = mf::Tensor::empty({kGemmSize, kGemmSize}, mf::DataType::Float);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, x.dataAs<float>(), n, w.dataAs<float>(), n,
                 0.0f, y.dataAs<float>(), n);

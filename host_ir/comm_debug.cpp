@@ -7,7 +7,8 @@ namespace meshfuse {
 namespace {
 // Bytes of tv's local tensor on this rank, or -1 when it has none here.
 int64_t localBytes(const HostIrContainer& hic, const TensorView* tv) {
-  auto it = tv ? hic.local_shapes.find(tv) : hic.local_shapes.end();
+  if (tv == nullptr) return -1;
+  auto it = hic.local_shapes.find(tv);
   if (it == hic.local_shapes.end()) return -1;
   return numelOf(it->second) * static_cast<int64_t>(dataTypeSize(tv->dtype()));
 }

@@ -80,6 +80,7 @@ class Planner {
     if (inner_split >= 0 && outer_split >= 0 && inner_split != outer_split)
       reject("inner and outer reductions do not split the axes at one place");
     plan_.split = inner_split >= 0 ? inner_split : outer_split;
+    if (plan_.split < 0) reject("no reduction splits the axes");  // each reduction set one or was rejected
     for (int d = 0; d < rank(); ++d) (d < plan_.split ? plan_.rows : plan_.row_length) *= plan_.full_shape[d];
   }
 

@@ -347,7 +347,9 @@ struct NormSegment {
 // segment (naming why) and the CUDA executor runs it as a pointwise kernel and the column
 // reduction; at short rows it stays one persistent kernel.
 TEST(NormalizationCodegen, BiasGradientVariantByRowLength) {
-  for (const auto& [row, fused] : std::vector<std::pair<int64_t, bool>>{{300, true}, {36864, false}, {49152, false}}) {
+  for (const auto& [row_length, fused] :
+       std::vector<std::pair<int64_t, bool>>{{300, true}, {36864, false}, {49152, false}}) {
+    const int64_t row = row_length;  // clang before 16 (clang-tidy's parser) cannot capture a structured binding
     NormSegment ns([&](Fusion&, const testing_norms::InputFn& input) {
       TensorView* dy = input(DataType::BFloat16, {2048, row}, -1, 1);
       return std::vector<TensorView*>{
