@@ -27,14 +27,14 @@ uint64_t cudnnShardKey(const AttentionParams& p) {
 
 namespace {
 // mixShardSeed (attention_rng.h) in CUDA C: the unit test runs both on the same keys.
-const char* const kShardKernel = R"(
-struct ShardParams {
+const char* const kPhiloxWordsKernel = R"(
+struct PhiloxWordsParams {
   long long* out;
   const long long* seed_at;
   const long long* offset_at;
   unsigned long long seed, offset, key;
 };
-extern "C" __global__ void meshfuse_shard_philox(ShardParams p) {
+extern "C" __global__ void meshfuse_philox_words(PhiloxWordsParams p) {
   unsigned long long seed = p.seed_at ? (unsigned long long)p.seed_at[0] : p.seed;
   unsigned long long z = seed;
   if (p.key != 0) {
@@ -48,7 +48,7 @@ extern "C" __global__ void meshfuse_shard_philox(ShardParams p) {
 }
 )";
 
-struct ShardParams {
+struct PhiloxWordsParams {
   void* out;
   const void* seed_at;
   const void* offset_at;
@@ -56,15 +56,16 @@ struct ShardParams {
 };
 }  // namespace
 
-std::string shardPhiloxSource() { return kShardKernel; }
+std::string philoxWordsSource() { return kPhiloxWordsKernel; }
 
 std::pair<Tensor, Tensor> cudnnPhiloxWords(int device, const void* seed_at, const void* offset_at, uint64_t seed,
                                            uint64_t offset, uint64_t key) {
-  // Four words, the offset at word 2, as devicePhiloxScalars lays them out.
+  // Four words, the offset at word 2: each view starts 16-byte aligned, as cuDNN's in-kernel dropout
+  // reads them.
   const Tensor both = Tensor::empty({4}, DataType::Int, Device::cuda(device));
-  ShardParams params{both.data(), seed_at, offset_at, seed, offset, key};
+  PhiloxWordsParams params{both.data(), seed_at, offset_at, seed, offset, key};
   KernelFunction kernel = cachedKernel(
-      device, "meshfuse_shard_philox", [] { return shardPhiloxSource(); }, "meshfuse_shard_philox");
+      device, "meshfuse_philox_words", [] { return philoxWordsSource(); }, "meshfuse_philox_words");
   launchKernel(kernel, 1, 1, currentStream(device), &params);
   return {both.slice(0, 0, 1).view({}), both.slice(0, 2, 1).view({})};
 }

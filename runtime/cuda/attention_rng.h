@@ -43,13 +43,14 @@ inline uint64_t mixShardSeed(uint64_t seed, uint64_t key) {
   return z ^ (z >> 31);
 }
 
-// The seed and offset words cuDNN's generator reads for the shard of key `key`: 16-byte aligned
-// device views (as devicePhiloxScalars), written by one one-thread kernel on the current stream from
+// The seed and offset words cuDNN's generator reads for the shard of key `key`: 16-byte aligned 0-dim
+// device views of one four-word buffer, written by one one-thread kernel on the current stream from
 // the device words `seed_at` / `offset_at` (the backward's philox inputs, read without waiting for
-// the kernels that write them) or, where those are null, from `seed` / `offset`.
+// the kernels that write them) or, where those are null, from `seed` / `offset`. With key 0 and no
+// device words these are the forward's philox outputs (dropout_mask.h's devicePhiloxScalars).
 std::pair<Tensor, Tensor> cudnnPhiloxWords(int device, const void* seed_at, const void* offset_at, uint64_t seed,
                                            uint64_t offset, uint64_t key);
 // That kernel's source (for the code generation tests).
-std::string shardPhiloxSource();
+std::string philoxWordsSource();
 
 }  // namespace meshfuse::cuda

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ir/ir.h"
+#include "runtime/cuda/attention_rng.h"
 #include "runtime/cuda/kernel_cache.h"
 #include "runtime/cuda/pointwise_codegen.h"
 #include "runtime/cuda/streams.h"
@@ -185,35 +186,8 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
   return mask;
 }
 
-namespace {
-const char* const kStoreKernel = R"(
-struct StoreParams {
-  long long* out;
-  long long seed, offset;
-};
-extern "C" __global__ void meshfuse_store_philox(StoreParams p) {
-  p.out[0] = p.seed;
-  p.out[2] = p.offset;
-}
-)";
-
-struct StoreParams {
-  void* out;
-  long long seed, offset;
-};
-}  // namespace
-
-std::string storePhiloxSource() { return kStoreKernel; }
-
 std::pair<Tensor, Tensor> devicePhiloxScalars(int device, int64_t seed, int64_t offset) {
-  // Four words, the offset at word 2: each view starts 16-byte aligned, as cuDNN's in-kernel dropout
-  // reads them (attention_rng.h).
-  const Tensor both = Tensor::empty({4}, DataType::Int, Device::cuda(device));
-  StoreParams params{both.data(), static_cast<long long>(seed), static_cast<long long>(offset)};
-  KernelFunction kernel = cachedKernel(
-      device, "meshfuse_store_philox", [] { return storePhiloxSource(); }, "meshfuse_store_philox");
-  launchKernel(kernel, 1, 1, currentStream(device), &params);
-  return {both.slice(0, 0, 1).view({}), both.slice(0, 2, 1).view({})};
+  return cudnnPhiloxWords(device, nullptr, nullptr, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), 0);
 }
 
 }  // namespace meshfuse::cuda

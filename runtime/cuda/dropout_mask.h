@@ -50,9 +50,8 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
 // The forward's 0-dim Int outputs philox_seed and philox_offset on `device`, 16-byte aligned views
 // of one buffer written by a one-thread kernel on the current stream: one launch for both (a
 // host-to-device copy from pageable memory would synchronize the stream; two launches cost the
-// shortest attention calls, 0.3 ms on the H100, about 1% more).
+// shortest attention calls, 0.3 ms on the H100, about 1% more). The kernel is
+// attention_rng.h's cudnnPhiloxWords with no shard key.
 std::pair<Tensor, Tensor> devicePhiloxScalars(int device, int64_t seed, int64_t offset);
-// That kernel's source (for the code generation tests).
-std::string storePhiloxSource();
 
 }  // namespace meshfuse::cuda

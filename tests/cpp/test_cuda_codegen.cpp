@@ -732,7 +732,6 @@ TEST(NvrtcErrors, CompileErrorsCarryTheLog) {
 TEST(DropoutMaskCodegen, CompilesForSm90) {
   const std::string cubin = cuda::compileToCubin(cuda::dropoutMaskSource(), "dropout_mask", "sm_90");
   EXPECT_FALSE(cubin.empty());
-  EXPECT_FALSE(cuda::compileToCubin(cuda::storePhiloxSource(), "store_philox", "sm_90").empty());
 }
 
 // An exact mask (MESHFUSE_ATTENTION_MASK=exact) holds the keep scale 1 / (1 - p): in the io dtype
@@ -811,9 +810,10 @@ TEST(AttentionRng, EveryShardButTheFirstGetsASeedOfItsOwn) {
   EXPECT_EQ(cuda::mixShardSeed(1234, 0), 1234u);
 }
 
-// The kernel that writes a shard's words compiles (it runs in test_cuda_dropout_mask.cpp).
-TEST(AttentionRng, ShardKernelCompiles) {
-  EXPECT_FALSE(cuda::compileToCubin(cuda::shardPhiloxSource(), "shard_philox", "sm_90").empty());
+// The kernel that writes the philox words (the forward's outputs, a shard's words) compiles (it runs
+// in test_cuda_dropout_mask.cpp).
+TEST(AttentionRng, PhiloxWordsKernelCompiles) {
+  EXPECT_FALSE(cuda::compileToCubin(cuda::philoxWordsSource(), "philox_words", "sm_90").empty());
 }
 
 // What the shard key above reads: an attention call is sharded when its global block holds more
