@@ -1,9 +1,12 @@
 #include "host_ir/lower.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <unordered_set>
 
 #include "host_ir/cast_forwarding.h"
+#include "host_ir/matmul_epilogue.h"
 #include "multidevice/axis_map.h"
 #include "multidevice/communicator.h"
 #include "multidevice/resharding.h"
@@ -36,14 +39,6 @@ GlobalShapes bindShapes(const Fusion& fusion, const GlobalShapes& input_shapes) 
 }
 
 namespace {
-Segment::Kind kindOf(OpType op) {
-  if (isPointwise(op)) return Segment::Kind::Pointwise;
-  if (isReduction(op)) return Segment::Kind::Reduction;
-  if (op == OpType::Matmul || op == OpType::Linear) return Segment::Kind::Matmul;
-  if (isAttention(op)) return Segment::Kind::Attention;
-  return Segment::Kind::View;
-}
-
 bool onThisRank(const TensorView* tv, int64_t rank) { return !tv->hasDeviceMesh() || tv->deviceMesh()->has(rank); }
 
 // The mesh dimension along which two shardings on one mesh differ (resharding changes exactly one).
@@ -78,13 +73,16 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
     }
   }
   findStreamLoops(fusion, shapes);
+  findEpilogues(fusion);
   findNormalizationSegments(fusion);
   for (Expr* e : fusion.liveExprs()) {
     if (auto plan = loop_at_.find(e); plan != loop_at_.end()) {
       lowerStreamLoop(plan->second.matmul, plan->second.set, plan->second.kind);
       hic_->loops.back().chunks = plan->second.chunks;
-    } else if (absorbed_.count(e)) {
+    } else if (absorbed_.count(e) || in_epilogue_.count(e)) {
       continue;
+    } else if (auto fold = epilogue_at_.find(e); fold != epilogue_at_.end()) {
+      lowerMatmulWithEpilogue(e, fold->second);
     } else if (auto norm = normalization_at_.find(e); norm != normalization_at_.end()) {
       lowerNormalization(norm->second);
     } else if (in_normalization_.count(e)) {
@@ -224,7 +222,7 @@ void HostIrLower::findNormalizationSegments(const Fusion& fusion) {
   };
   for (Expr* e : fusion.liveExprs()) {
     const bool candidate = normalizationCandidate(e) && !isResharding(e) && !absorbed_.count(e) && !loop_at_.count(e) &&
-                           onThisRank(e->out(), hic_->rank);
+                           !in_epilogue_.count(e) && onThisRank(e->out(), hic_->rank);
     if (candidate)
       run.push_back(e);
     else
@@ -233,10 +231,43 @@ void HostIrLower::findNormalizationSegments(const Fusion& fusion) {
   flush();
 }
 
+// Matmuls whose following pointwise chain a GEMM epilogue computes (host_ir/matmul_epilogue.h),
+// outside stream loops (which run their matmul chunk by chunk). MESHFUSE_MATMUL_EPILOGUES=0 turns
+// the folding off (to measure what it saves).
+void HostIrLower::findEpilogues(const Fusion& fusion) {
+  epilogue_at_.clear();
+  in_epilogue_.clear();
+  static const bool enabled = [] {
+    const char* v = std::getenv("MESHFUSE_MATMUL_EPILOGUES");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  if (!enabled) return;
+  const int64_t rank = hic_->rank;
+  epilogue_at_ = findMatmulEpilogues(fusion, [&](const Expr* e) {
+    return onThisRank(e->out(), rank) && !isResharding(e) && !absorbed_.count(e) && !loop_at_.count(e);
+  });
+  for (const auto& [matmul, fold] : epilogue_at_)
+    for (const Expr* e : fold.exprs) in_epilogue_.insert(e);
+}
+
+void HostIrLower::lowerMatmulWithEpilogue(const Expr* matmul, const EpilogueFold& fold) {
+  Segment seg;
+  seg.kind = Segment::Kind::Matmul;
+  seg.exprs.push_back(matmul);
+  seg.exprs.insert(seg.exprs.end(), fold.exprs.begin(), fold.exprs.end());
+  seg.epilogue = fold.epilogue;
+  launchClosedSegment(std::move(seg));
+}
+
 void HostIrLower::lowerNormalization(const std::vector<const Expr*>& exprs) {
   Segment seg;
   seg.kind = Segment::Kind::Normalization;
   seg.exprs = exprs;
+  launchClosedSegment(std::move(seg));
+}
+
+// Appends `seg` and its launch; no later pointwise expr joins it.
+void HostIrLower::launchClosedSegment(Segment seg) {
   hic_->segments.push_back(std::move(seg));
   Instruction ins;
   ins.kind = Instruction::Kind::LaunchSegment;
@@ -268,7 +299,7 @@ void HostIrLower::recordRandomBlocks(const GlobalShapes& shapes) {
 
 void HostIrLower::lowerCompute(const Expr* e) {
   if (!onThisRank(e->out(), hic_->rank)) return;
-  Segment::Kind kind = kindOf(e->op());
+  Segment::Kind kind = segmentKindOf(e->op());
   bool joins = false;
   if (kind == Segment::Kind::Pointwise && open_pointwise_ >= 0 && !hic_->program.empty() &&
       hic_->program.back().kind == Instruction::Kind::LaunchSegment && hic_->program.back().index == open_pointwise_) {

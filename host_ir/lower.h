@@ -4,10 +4,12 @@
 #pragma once
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "host_ir/fusion_executor.h"
 #include "host_ir/host_ir.h"
+#include "host_ir/matmul_epilogue.h"
 
 namespace meshfuse {
 
@@ -21,8 +23,11 @@ class HostIrLower {
 
  private:
   void findStreamLoops(const Fusion& fusion, const GlobalShapes& shapes);
+  void findEpilogues(const Fusion& fusion);
+  void lowerMatmulWithEpilogue(const Expr* matmul, const EpilogueFold& fold);
   void findNormalizationSegments(const Fusion& fusion);
   void lowerNormalization(const std::vector<const Expr*>& exprs);
+  void launchClosedSegment(Segment seg);
   void recordRandomBlocks(const GlobalShapes& shapes);
   void lowerStreamLoop(const Expr* matmul, const Expr* set, StreamLoop::Kind kind);
   void lowerCompute(const Expr* e);
@@ -45,6 +50,9 @@ class HostIrLower {
   };
   std::unordered_map<const Expr*, LoopPlan> loop_at_;
   std::unordered_map<const Expr*, bool> absorbed_;
+  // Matmuls that end in an epilogue (by the matmul) and the exprs those epilogues absorb.
+  std::unordered_map<const Expr*, EpilogueFold> epilogue_at_;
+  std::unordered_set<const Expr*> in_epilogue_;
   // Runs of exprs that form one normalization segment, by their first expr; the others are skipped.
   std::unordered_map<const Expr*, std::vector<const Expr*>> normalization_at_;
   std::unordered_map<const Expr*, bool> in_normalization_;

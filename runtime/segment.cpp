@@ -1,7 +1,9 @@
 #include "runtime/segment.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_set>
 
 namespace meshfuse {
 
@@ -17,6 +19,15 @@ std::string toString(Segment::Kind kind) {
   return "?";
 }
 
+std::string toString(MatmulEpilogue::Kind kind) {
+  switch (kind) {
+    case MatmulEpilogue::Kind::None: return "none";
+    case MatmulEpilogue::Kind::GeluTanh: return "gelu_tanh";
+    case MatmulEpilogue::Kind::GeluTanhGrad: return "gelu_tanh_grad";
+  }
+  return "?";
+}
+
 std::string Segment::toString() const {
   std::ostringstream os;
   os << meshfuse::toString(kind) << "(";
@@ -26,7 +37,49 @@ std::string Segment::toString() const {
   os << ") {";
   for (const Expr* e : exprs) os << " " << e->out()->name() << "=" << meshfuse::toString(e->op());
   os << " }";
+  if (epilogue.kind != MatmulEpilogue::Kind::None) {
+    os << " epilogue " << meshfuse::toString(epilogue.kind) << " -> " << epilogue.result->name();
+    if (epilogue.aux) os << " (aux " << epilogue.aux->name() << ")";
+    if (epilogue.bias_grad) os << " bias_grad -> " << epilogue.bias_grad->name();
+  }
   return os.str();
+}
+
+Segment::Kind segmentKindOf(OpType op) {
+  if (isPointwise(op)) return Segment::Kind::Pointwise;
+  if (isReduction(op)) return Segment::Kind::Reduction;
+  if (op == OpType::Matmul || op == OpType::Linear) return Segment::Kind::Matmul;
+  if (isAttention(op)) return Segment::Kind::Attention;
+  return Segment::Kind::View;
+}
+
+std::vector<Segment> splitIntoParts(const Segment& seg) {
+  std::vector<Segment> parts;
+  for (const Expr* e : seg.exprs) {
+    const Segment::Kind kind = segmentKindOf(e->op());
+    if (kind == Segment::Kind::Pointwise && !parts.empty() && parts.back().kind == kind)
+      parts.back().exprs.push_back(e);
+    else
+      parts.push_back(Segment{kind, {e}, {}, {}, seg.global_blocks, {}});
+  }
+  std::unordered_set<const Val*> seg_outputs(seg.outputs.begin(), seg.outputs.end());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::unordered_set<const Val*> produced, seen;
+    for (const Expr* e : parts[i].exprs) produced.insert(e->outputs().begin(), e->outputs().end());
+    for (const Expr* e : parts[i].exprs)
+      for (Val* v : e->inputs())
+        if (!produced.count(v) && seen.insert(v).second) parts[i].inputs.push_back(v);
+    for (const Expr* e : parts[i].exprs)
+      for (Val* v : e->outputs()) {
+        bool read_later = seg_outputs.count(v) > 0;
+        for (size_t j = i + 1; j < parts.size() && !read_later; ++j)
+          for (const Expr* later : parts[j].exprs)
+            read_later =
+                read_later || std::find(later->inputs().begin(), later->inputs().end(), v) != later->inputs().end();
+        if (read_later) parts[i].outputs.push_back(static_cast<TensorView*>(v));
+      }
+  }
+  return parts;
 }
 
 const Tensor& ValueMap::tensor(const Val* v) const {

@@ -17,6 +17,24 @@ struct GlobalBlock {
   std::vector<int64_t> global_shape, offsets;
 };
 
+// What a Matmul segment's GEMM applies to its product as it stores it, in place of the pointwise
+// exprs that follow the matmul expr in the segment (host_ir/matmul_epilogue.h finds them; an
+// executor without the epilogue runs those exprs instead, with the same result up to rounding).
+struct MatmulEpilogue {
+  enum class Kind : uint8_t {
+    None,
+    GeluTanh,      // result = gelu_tanh(product [+ bias]); the product is stored too where it is read
+    GeluTanhGrad,  // result = product * gelu_tanh'(aux): the backward of a GELU whose input was aux
+  };
+  Kind kind = Kind::None;
+  const TensorView* result = nullptr;  // the last pointwise value the epilogue stands for
+  const TensorView* aux = nullptr;     // GeluTanhGrad: the GELU's input (a segment input)
+  // GeluTanhGrad, optionally: the sum of the result over every axis but the last (a linear's bias
+  // gradient), in the result's dtype.
+  const TensorView* bias_grad = nullptr;
+};
+std::string toString(MatmulEpilogue::Kind kind);
+
 struct Segment {
   // Normalization: reductions over the same axes with the pointwise ops that feed them and those
   // that broadcast their results back (LayerNorm, softmax and their backward), run as one kernel.
@@ -28,9 +46,20 @@ struct Segment {
   std::vector<TensorView*> outputs;  // values used outside the segment (or fusion outputs)
   // Random ops whose output is sharded: the block of the global tensor this rank generates.
   std::unordered_map<const Val*, GlobalBlock> global_blocks;
+  // Matmul segments only: exprs[0] is the matmul/linear, the rest its epilogue's pointwise exprs
+  // (and a reshape of the product between them).
+  MatmulEpilogue epilogue;
   std::string toString() const;
 };
 std::string toString(Segment::Kind kind);
+// The kind of segment an expr forms on its own.
+Segment::Kind segmentKindOf(OpType op);
+
+// `seg` as the segments its exprs would form without fusion: each maximal run of pointwise exprs
+// one Pointwise segment, every other expr a segment of its own kind; inputs and outputs set (an
+// output is a value read by a later part or an output of `seg`). Executors run a Matmul segment
+// with an epilogue they cannot apply this way.
+std::vector<Segment> splitIntoParts(const Segment& seg);
 
 struct ValueMap {
   std::unordered_map<const Val*, Tensor> tensors;

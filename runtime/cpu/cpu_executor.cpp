@@ -1,4 +1,5 @@
 // makeCpuExecutor(): dispatches a Segment to the kernel of its kind.
+#include <algorithm>
 #include <stdexcept>
 
 #include "runtime/cpu/cpu_kernels.h"
@@ -48,6 +49,10 @@ namespace {
 class CpuExecutor final : public SegmentExecutor {
  public:
   void run(const Segment& seg, ValueMap& values, const ShapeMap& shapes) override {
+    if (seg.kind == Segment::Kind::Matmul && seg.exprs.size() > 1) {
+      runMatmulAndEpilogue(seg, values, shapes);
+      return;
+    }
     switch (seg.kind) {
       case Segment::Kind::Pointwise: cpu::runPointwise(seg, values, shapes); return;
       case Segment::Kind::Reduction: cpu::runReduction(seg, values, shapes); return;
@@ -59,6 +64,17 @@ class CpuExecutor final : public SegmentExecutor {
     throw std::logic_error("CPU executor: unknown segment kind");
   }
   Device device() const override { return Device::cpu(); }
+
+ private:
+  // A GEMM epilogue (runtime/segment.h) on the CPU is its exprs after the matmul: BLAS has no
+  // epilogue, and the pointwise kernel reads the product while it is still in the cache where the
+  // rows are few. Values the parts pass between them are dropped afterwards.
+  void runMatmulAndEpilogue(const Segment& seg, ValueMap& values, const ShapeMap& shapes) {
+    for (const Segment& part : splitIntoParts(seg)) run(part, values, shapes);
+    for (const Expr* e : seg.exprs)
+      for (const Val* v : e->outputs())
+        if (std::find(seg.outputs.begin(), seg.outputs.end(), v) == seg.outputs.end()) values.tensors.erase(v);
+  }
 };
 
 }  // namespace

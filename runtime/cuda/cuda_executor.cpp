@@ -39,6 +39,7 @@ class SegmentRun {
 
   void execute() {
     if (seg_.kind == Segment::Kind::Normalization && runFusedNormalization()) return;
+    if (seg_.kind == Segment::Kind::Matmul && seg_.epilogue.kind != MatmulEpilogue::Kind::None && runEpilogue()) return;
     const auto& exprs = seg_.exprs;
     for (size_t i = 0; i < exprs.size();) {
       if (isPointwise(exprs[i]->op())) {
@@ -281,6 +282,52 @@ class SegmentRun {
       default: break;
     }
     throw std::logic_error("CUDA executor: cannot run " + toString(e.op()) + " in " + seg_.toString());
+  }
+
+  // The segment's matmul with its epilogue as one cuBLASLt call (runtime/segment.h); false when
+  // cuBLASLt cannot, and the exprs run one by one instead (same values up to rounding: the
+  // epilogue applies the activation to the fp32 accumulator, the exprs to the stored product).
+  bool runEpilogue() {
+    const Expr& product_expr = *seg_.exprs.front();
+    const TensorView* product = product_expr.out();
+    const MatmulEpilogue& epi = seg_.epilogue;
+    const DataType dt = product->dtype();
+    if (dt != DataType::BFloat16 && dt != DataType::Half && dt != DataType::Float) return false;
+    cuda::ProductOperands ops;
+    ops.linear = product_expr.op() == OpType::Linear;
+    for (size_t i = 0; i < product_expr.inputs().size(); ++i) {
+      const Val* v = product_expr.input(i);
+      if (v->dtype() != dt) return false;
+      (i == 0 ? ops.a : i == 1 ? ops.b : ops.bias) = tensor(v);
+    }
+    const std::vector<int64_t> result_shape = tensorShapeOf(epi.result);
+    Tensor result = allocate(epi.result, result_shape);
+    Tensor aux, bias_grad;
+    cuda::GemmEpilogue::Activation activation = cuda::GemmEpilogue::Activation::Gelu;
+    if (epi.kind == MatmulEpilogue::Kind::GeluTanh) {
+      if (outputs_.count(product)) aux = allocate(product, tensorShapeOf(product));
+    } else {
+      activation = cuda::GemmEpilogue::Activation::GeluGrad;
+      aux = tensor(epi.aux);
+      if (aux.shape() != result_shape) return false;  // a broadcast aux: the exprs handle it
+      if (epi.bias_grad) bias_grad = allocate(epi.bias_grad, tensorShapeOf(epi.bias_grad));
+    }
+    if (!cuda::runProductWithActivation(device_, ops, activation, aux, result, bias_grad)) return false;
+    bind(epi.result, result);
+    if (bias_grad.defined()) bind(epi.bias_grad, bias_grad);
+    if (epi.kind == MatmulEpilogue::Kind::GeluTanh && aux.defined()) bind(product, aux);
+    for (TensorView* out : seg_.outputs)
+      if (!values_.tensors.count(out))
+        throw std::logic_error("CUDA executor: the epilogue of " + seg_.toString() + " does not compute " +
+                               out->name());
+    return true;
+  }
+
+  // The local shape of a value the segment's epilogue computes (from the ShapeMap).
+  std::vector<int64_t> tensorShapeOf(const TensorView* tv) const {
+    auto it = shapes_.find(tv);
+    if (it == shapes_.end()) throw std::logic_error("CUDA executor: no local shape bound for " + tv->name());
+    return it->second;
   }
 
   // Fused attention through cuDNN (runtime/cuda/attention.cpp); all of its results at once.

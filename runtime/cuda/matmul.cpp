@@ -1,6 +1,7 @@
 // cuBLASLt matmul plans and the matmul/linear entry points (see matmul.h).
 #include "runtime/cuda/matmul.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -64,8 +65,35 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first (algo is one of them)
   bool tuned = false;
-  bool fused_bias = false;  // false: the bias is added by a pointwise kernel afterwards
+  // The epilogue the descriptor asks for. A plain bias falls back to none (the bias is then added
+  // by a pointwise kernel afterwards); an activation epilogue has no fallback: no candidates.
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  bool fusedBias() const {
+    return epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_BIAS ||
+           epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  }
+  // The bias pointer is read (a fused bias) or written (DGELU_BGRAD's bias gradient).
+  bool usesBiasPointer() const { return fusedBias() || epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD; }
+  bool hasAux() const {
+    return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX ||
+           epilogue == CUBLASLT_EPILOGUE_DGELU || epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  }
 };
+
+// The cuBLASLt epilogue for a call: the activation's, else the plain bias (with its fallback).
+std::vector<cublasLtEpilogue_t> epiloguesToTry(const GemmEpilogue& e) {
+  const bool bias = e.bias != nullptr, aux = e.aux != nullptr;
+  switch (e.activation) {
+    case GemmEpilogue::Activation::Gelu:
+      if (aux) return {bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX};
+      return {bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU};
+    case GemmEpilogue::Activation::GeluGrad:
+      return {e.bias_grad != nullptr ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU};
+    case GemmEpilogue::Activation::None: break;
+  }
+  if (bias) return {CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_DEFAULT};
+  return {CUBLASLT_EPILOGUE_DEFAULT};
+}
 
 struct DeviceState {
   cublasLtHandle_t handle = nullptr;
@@ -75,6 +103,7 @@ struct DeviceState {
 
 std::mutex g_mutex;
 std::map<int, DeviceState> g_devices;
+std::atomic<int64_t> g_activation_epilogue_runs{0};
 
 DeviceState& stateOf(int device) {
   DeviceState& s = g_devices[device];
@@ -102,8 +131,10 @@ cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int6
   return l;
 }
 
-// Builds the plan; with `want_bias`, first tries the fused-bias epilogue.
-Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int align[4], int sm_target) {
+// Builds the plan with the first of `epilogues` the heuristic has algorithms for (none: a plan
+// without candidates). align: A, B, C, bias, aux pointer alignments.
+Plan makePlan(DeviceState& s, const GemmProblem& p, const std::vector<cublasLtEpilogue_t>& epilogues,
+              const int align[5], int64_t aux_ld, int sm_target) {
   const cudaDataType_t t = cudaTypeOf(p.dtype);
   const bool dbl = p.dtype == DataType::Double;
   const cublasComputeType_t compute =
@@ -132,7 +163,7 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int al
   MESHFUSE_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
 
-  for (bool fuse : {want_bias, false}) {
+  for (cublasLtEpilogue_t epi : epilogues) {
     if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
     MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, compute, dbl ? CUDA_R_64F : CUDA_R_32F));
     cublasOperation_t opa = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -143,13 +174,25 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int al
       MESHFUSE_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
     }
-    if (fuse) {
-      cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    plan.epilogue = epi;
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
       MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-      // The heuristic reads the bias pointer's alignment: a stand-in with the real one.
-      const void* fake = reinterpret_cast<const void*>(static_cast<uintptr_t>(align[3]));
-      MESHFUSE_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &fake, sizeof fake));
+      // The heuristic reads the bias and aux pointers' alignments: stand-ins with the real ones.
+      if (plan.usesBiasPointer()) {
+        const void* fake = reinterpret_cast<const void*>(static_cast<uintptr_t>(align[3]));
+        MESHFUSE_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &fake, sizeof fake));
+      }
+      if (plan.hasAux()) {
+        const void* fake = reinterpret_cast<const void*>(static_cast<uintptr_t>(align[4]));
+        MESHFUSE_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &fake, sizeof fake));
+        MESHFUSE_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+        const int32_t aux_type = t;
+        MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                                                             &aux_type, sizeof aux_type));
+      }
     }
     cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
     int found = 0;
@@ -161,13 +204,15 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, bool want_bias, const int al
     }
     if (!plan.candidates.empty()) {
       plan.algo = plan.candidates.front();
-      plan.fused_bias = fuse;
       cublasLtMatmulPreferenceDestroy(pref);
       return plan;
     }
-    if (!fuse) break;
   }
   cublasLtMatmulPreferenceDestroy(pref);
+  return plan;
+}
+
+[[noreturn]] void throwNoAlgorithm(const GemmProblem& p) {
   std::ostringstream os;
   os << "cuBLASLt has no algorithm for " << toString(p.dtype) << " [" << p.batch << " x " << p.m << " x " << p.k
      << "] @ [" << p.k << " x " << p.n << "]" << (p.trans_a ? " (A transposed)" : "")
@@ -262,33 +307,51 @@ void checkOnDevice(const Tensor& t, int device, const char* what, const char* op
 }  // namespace
 
 void gemm(int device, const GemmProblem& p, const void* a, const void* b, void* c, const void* bias) {
-  if (p.m == 0 || p.n == 0 || p.batch == 0) return;
+  GemmEpilogue e;
+  e.bias = bias;
+  if (!gemmWithEpilogue(device, p, a, b, c, e)) throwNoAlgorithm(p);
+}
+
+bool gemmWithEpilogue(int device, const GemmProblem& p, const void* a, const void* b, void* c, const GemmEpilogue& e) {
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return true;
+  const bool activation = e.activation != GemmEpilogue::Activation::None;
+  // cuBLASLt's GELU epilogues: one matrix (no batch), aux rows a multiple of 8 elements apart.
+  if (activation && (p.batch != 1 || p.k == 0 || (e.aux && e.aux_ld % 8 != 0))) return false;
+  if (e.activation == GemmEpilogue::Activation::GeluGrad && (e.aux == nullptr || e.bias != nullptr)) return false;
+  if (e.bias_grad != nullptr && e.activation != GemmEpilogue::Activation::GeluGrad) return false;
   DeviceGuard guard(device);
   cudaStream_t stream = currentStream(device);
-  const int align[4] = {alignmentOf(b), alignmentOf(a), alignmentOf(c), bias ? alignmentOf(bias) : 256};
+  const void* bias_pointer = e.bias != nullptr ? e.bias : e.bias_grad;
+  const int align[5] = {alignmentOf(b), alignmentOf(a), alignmentOf(c), bias_pointer ? alignmentOf(bias_pointer) : 256,
+                        e.aux ? alignmentOf(e.aux) : 256};
+  const std::vector<cublasLtEpilogue_t> epilogues = epiloguesToTry(e);
   std::ostringstream key;
   key << static_cast<int>(p.dtype) << ":" << p.m << "," << p.n << "," << p.k << "," << p.batch << "," << p.stride_a
       << "," << p.stride_b << "," << p.stride_c << "," << p.trans_a << p.trans_b << "," << p.lda << "," << p.ldb << ","
-      << (bias != nullptr) << "@" << align[0] << "," << align[1] << "," << align[2] << "," << align[3] << "/sm"
-      << matmulSmCountTarget();
-  // The lock covers the enqueue too: a fused-bias plan's descriptor carries this call's bias pointer.
+      << (e.bias != nullptr) << ",epi" << static_cast<int>(epilogues.front()) << "," << e.aux_ld << "@" << align[0]
+      << "," << align[1] << "," << align[2] << "," << align[3] << "," << align[4] << "/sm" << matmulSmCountTarget();
+  // The lock covers the enqueue too: a plan's descriptor carries this call's bias and aux pointers.
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& state = stateOf(device);
   auto it = state.plans.find(key.str());
   if (it == state.plans.end())
-    it = state.plans.emplace(key.str(), makePlan(state, p, bias != nullptr, align, matmulSmCountTarget())).first;
+    it = state.plans.emplace(key.str(), makePlan(state, p, epilogues, align, e.aux_ld, matmulSmCountTarget())).first;
   Plan* plan = &it->second;
+  if (plan->candidates.empty()) return false;
   void* workspace = workspaceFor(state, stream);
   cublasLtHandle_t handle = state.handle;
   if (p.k == 0) {  // an empty contraction: zeros (plus the bias)
     MESHFUSE_CUDA_CHECK(
         cudaMemsetAsync(c, 0, static_cast<size_t>(p.batch * p.m * p.n) * dataTypeSize(p.dtype), stream));
-    if (bias) addBiasInPlace(device, p.dtype, c, p.batch * p.m, p.n, bias);
-    return;
+    if (e.bias) addBiasInPlace(device, p.dtype, c, p.batch * p.m, p.n, e.bias);
+    return true;
   }
-  if (plan->fused_bias)
+  if (plan->usesBiasPointer())
+    MESHFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
+                                                         sizeof bias_pointer));
+  if (plan->hasAux())
     MESHFUSE_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof e.aux));
   const double one_d = 1.0, zero_d = 0.0;
   const float one_f = 1.0f, zero_f = 0.0f;
   const bool dbl = p.dtype == DataType::Double;
@@ -296,12 +359,17 @@ void gemm(int device, const GemmProblem& p, const void* a, const void* b, void* 
   const void* beta = dbl ? static_cast<const void*>(&zero_d) : &zero_f;
   const double flops = 2.0 * static_cast<double>(p.batch) * static_cast<double>(p.m) * static_cast<double>(p.n) *
                        static_cast<double>(p.k);
+  // (Tuning a GELU-aux plan writes aux, which the call writes anyway; a DGELU plan only reads it.)
   if (!plan->tuned && autotuneEnabled() && flops >= kTuneMinFlops)
     tune(*plan, key.str(), handle, stream, alpha, beta, a, b, c, workspace);
   MESHFUSE_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha, b, plan->a, a, plan->b, beta, c, plan->c, c, plan->c,
                                        &plan->algo, workspace, kWorkspaceBytes, stream));
-  if (bias && !plan->fused_bias) addBiasInPlace(device, p.dtype, c, p.batch * p.m, p.n, bias);
+  if (e.bias && !plan->fusedBias()) addBiasInPlace(device, p.dtype, c, p.batch * p.m, p.n, e.bias);
+  if (activation) ++g_activation_epilogue_runs;
+  return true;
 }
+
+int64_t activationEpilogueRuns() { return g_activation_epilogue_runs.load(); }
 
 void runMatmul(int device, const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   checkOnDevice(a_in, device, "operand", "matmul");
@@ -372,7 +440,14 @@ void runMatmul(int device, const Tensor& a_in, const Tensor& b_in, const Tensor&
   gemm(device, p, ad.data(), bd.data(), out.data(), nullptr);
 }
 
-void runLinear(int device, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+namespace {
+// A linear's problem with its operands as cuBLASLt reads them (held alive by the tensors).
+struct PreparedGemm {
+  GemmProblem problem;
+  Tensor a, b, bias;
+};
+
+PreparedGemm prepareLinear(int device, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
   checkOnDevice(x, device, "input", "linear");
   checkOnDevice(weight, device, "weight", "linear");
   checkOnDevice(out, device, "output", "linear");
@@ -387,19 +462,61 @@ void runLinear(int device, const Tensor& x, const Tensor& weight, const Tensor& 
   if (bias.defined() && bias.numel() != n)
     throw UserError("linear: bias " + bias.toString() + " must hold " + std::to_string(n) + " elements");
   if (!out.isContiguous()) throw std::invalid_argument("linear: the output must be contiguous");
-  GemmProblem p;
+  PreparedGemm g;
+  GemmProblem& p = g.problem;
   p.dtype = x.dtype();
-  Tensor xd = x.dim() == 2 ? operandFor(x, p.trans_a, p.lda) : x.contiguous();
+  g.a = x.dim() == 2 ? operandFor(x, p.trans_a, p.lda) : x.contiguous();
   // The weight is [n, k]: cuBLASLt transposes it, unless its memory already holds [k, n].
   bool weight_held_transposed = false;
-  Tensor wd = weight.dim() == 2 ? operandFor(weight, weight_held_transposed, p.ldb) : weight.contiguous();
+  g.b = weight.dim() == 2 ? operandFor(weight, weight_held_transposed, p.ldb) : weight.contiguous();
   p.trans_b = !weight_held_transposed;
-  Tensor bd = bias.defined() ? bias.contiguous() : Tensor();
-  p.m = xd.numel() / std::max<int64_t>(k, 1);
+  g.bias = bias.defined() ? bias.contiguous() : Tensor();
+  p.m = g.a.numel() / std::max<int64_t>(k, 1);
   if (k == 0) p.m = numelOf(std::vector<int64_t>(x.shape().begin(), x.shape().end() - 1));
   p.n = n;
   p.k = k;
-  gemm(device, p, xd.data(), wd.data(), out.data(), bd.defined() ? bd.data() : nullptr);
+  return g;
+}
+}  // namespace
+
+void runLinear(int device, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+  const PreparedGemm g = prepareLinear(device, x, weight, bias, out);
+  gemm(device, g.problem, g.a.data(), g.b.data(), out.data(), g.bias.defined() ? g.bias.data() : nullptr);
+}
+
+bool runProductWithActivation(int device, const ProductOperands& operands, GemmEpilogue::Activation activation,
+                              const Tensor& aux, const Tensor& out, const Tensor& bias_grad) {
+  const Tensor& a = operands.a;
+  const Tensor& b = operands.b;
+  PreparedGemm g;
+  if (operands.linear) {
+    g = prepareLinear(device, a, b, operands.bias, out);
+  } else {
+    // A 2-D product only (numpy's vector and batch forms have no epilogue here).
+    if (a.dim() != 2 || b.dim() != 2 || a.dtype() != b.dtype() || out.dtype() != a.dtype() || !out.isContiguous() ||
+        a.size(1) != b.size(0))
+      return false;
+    checkOnDevice(a, device, "operand", "matmul");
+    checkOnDevice(b, device, "operand", "matmul");
+    g.problem.dtype = a.dtype();
+    g.a = operandFor(a, g.problem.trans_a, g.problem.lda);
+    g.b = operandFor(b, g.problem.trans_b, g.problem.ldb);
+    g.problem.m = a.size(0);
+    g.problem.n = b.size(1);
+    g.problem.k = a.size(1);
+  }
+  const GemmProblem& p = g.problem;
+  if (out.numel() != p.m * p.n) return false;
+  if (aux.defined() && (aux.dtype() != p.dtype || !aux.isContiguous() || aux.numel() != p.m * p.n)) return false;
+  if (bias_grad.defined() && (bias_grad.dtype() != p.dtype || !bias_grad.isContiguous() || bias_grad.numel() != p.n))
+    return false;
+  GemmEpilogue e;
+  e.activation = activation;
+  e.bias = g.bias.defined() ? g.bias.data() : nullptr;
+  e.aux = aux.defined() ? aux.data() : nullptr;
+  e.aux_ld = p.n;
+  e.bias_grad = bias_grad.defined() ? bias_grad.data() : nullptr;
+  return gemmWithEpilogue(device, p, g.a.data(), g.b.data(), out.data(), e);
 }
 
 }  // namespace meshfuse::cuda

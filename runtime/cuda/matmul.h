@@ -26,4 +26,42 @@ struct GemmProblem {
 };
 void gemm(int device, const GemmProblem& problem, const void* a, const void* b, void* c, const void* bias);
 
+// What the GEMM applies to the product as it stores C (cuBLASLt epilogues), in row-major terms:
+// `bias` [n] is added to every row; `aux` is an [m][n] matrix, rows aux_ld elements apart, of the
+// problem's dtype.
+struct GemmEpilogue {
+  enum class Activation : uint8_t {
+    None,
+    Gelu,      // C = gelu_tanh(A B + bias); aux (may be null) receives A B + bias, the GELU's input
+    GeluGrad,  // C = (A B) * gelu_tanh'(aux): aux holds the GELU's input (no bias)
+  };
+  Activation activation = Activation::None;
+  const void* bias = nullptr;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+  // GeluGrad only, optional: receives C's column sums [n] (DGELU_BGRAD: a linear's bias gradient).
+  void* bias_grad = nullptr;
+};
+// false, with nothing enqueued, when cuBLASLt has no algorithm for the activation epilogue (or the
+// problem is batched, or aux_ld is not a multiple of 8): the caller computes it another way. With
+// no activation it behaves as gemm() (a bias it cannot fuse is added afterwards).
+bool gemmWithEpilogue(int device, const GemmProblem& problem, const void* a, const void* b, void* c,
+                      const GemmEpilogue& epilogue);
+
+// A linear (a = x, b = weight [n, k], bias optional) or a 2-D matmul (a @ b) with an activation
+// epilogue into `out` (contiguous). Gelu: `aux` (optional, contiguous) receives the GELU's input;
+// GeluGrad: `aux` holds it, and `bias_grad` (optional, [n]) receives the column sums of `out`. false where cuBLASLt has
+// no such epilogue for the problem (batched products, aux rows not a multiple of 8 elements, no algorithm): nothing is
+// computed, and the caller computes it another way.
+struct ProductOperands {
+  Tensor a, b, bias;
+  bool linear = false;
+};
+bool runProductWithActivation(int device, const ProductOperands& operands, GemmEpilogue::Activation activation,
+                              const Tensor& aux, const Tensor& out, const Tensor& bias_grad = Tensor());
+
+// How many GEMMs with an activation epilogue have been enqueued in this process (tests check that
+// the epilogue, not its fallback, ran).
+int64_t activationEpilogueRuns();
+
 }  // namespace meshfuse::cuda

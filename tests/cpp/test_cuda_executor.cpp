@@ -12,10 +12,13 @@
 #include <random>
 #include <tuple>
 
+#include "gelu_fusions.h"
+#include "host_ir/matmul_epilogue.h"
 #include "norm_fusions.h"
 #include "ops/ops.h"
 #include "runtime/cuda/allocator.h"
 #include "runtime/cuda/kernel_cache.h"
+#include "runtime/cuda/matmul.h"
 #include "runtime/cuda/streams.h"
 #include "runtime/element.h"
 #include "runtime/segment.h"
@@ -82,6 +85,9 @@ struct Case {
   std::vector<std::pair<Val*, double>> scalars;
   std::vector<TensorView*> outputs;
   std::function<Tensor(const Tensor&)> to_device = [](const Tensor& t) { return t.to(Device::cuda(0)); };
+  // A Matmul segment as the lowering builds one with an epilogue: the matmul, then the exprs that
+  // findMatmulEpilogues folds into it.
+  bool fold_epilogue = false;
 
   TensorView* input(DataType dtype, const std::vector<int64_t>& shape, std::mt19937& rng, double lo = -3,
                     double hi = 3) {
@@ -95,6 +101,13 @@ struct Case {
     Segment seg;
     seg.kind = kind;
     for (const auto& e : fusion.exprs()) seg.exprs.push_back(e.get());
+    if (fold_epilogue) {
+      auto folds = findMatmulEpilogues(fusion, [](const Expr*) { return true; });
+      ASSERT_EQ(folds.size(), 1u) << what;
+      seg.exprs = {folds.begin()->first};
+      seg.exprs.insert(seg.exprs.end(), folds.begin()->second.exprs.begin(), folds.begin()->second.exprs.end());
+      seg.epilogue = folds.begin()->second.epilogue;
+    }
     for (const auto& [v, t] : inputs) seg.inputs.push_back(v);
     for (const auto& [v, s] : scalars) seg.inputs.push_back(v);
     seg.outputs = outputs;
@@ -620,6 +633,45 @@ TEST(CudaExecutorMatmul, LinearWithAndWithoutFusedBias) {
       TensorView* b = bias ? c.input(dt, {96}, rng, -1, 1) : nullptr;
       c.outputs = {ops::linear(x, w, b)};
       c.check("linear " + toString(dt) + (bias ? " +bias" : ""), /*loose=*/true);
+    }
+  }
+}
+
+// The tanh GELU after a linear (cuBLASLt's GELU_AUX_BIAS: the pre-activation stored too) and its
+// backward after a matmul with the bias gradient (DGELU_BGRAD, reading the saved pre-activation)
+// as the lowering folds them:
+// the CUDA run takes the epilogue for the 16-bit types (counted) and matches the CPU's run of the
+// same exprs; a row length that is not a multiple of 8 falls back to the exprs.
+TEST(CudaExecutorMatmul, GeluEpiloguesMatchTheExprsTheyStandFor) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(10);
+  for (DataType dt : {DataType::BFloat16, DataType::Half, DataType::Float}) {
+    for (int64_t n : {96, 60}) {
+      const std::string what = toString(dt) + " n=" + std::to_string(n);
+      const int64_t runs = cuda::activationEpilogueRuns();
+      {
+        Case c;
+        c.kind = Segment::Kind::Matmul;
+        c.fold_epilogue = true;
+        testing_gelu::GeluForward g = testing_gelu::geluForward(c.fusion, dt, 48, 64, n);
+        for (TensorView* tv : {g.x, g.w, g.b}) c.inputs.push_back({tv, randomTensor(tv->shape(), dt, rng, -1.5, 1.5)});
+        c.outputs = {g.product, g.result};
+        c.check("linear + gelu " + what, /*loose=*/true);
+      }
+      {
+        Case c;
+        c.kind = Segment::Kind::Matmul;
+        c.fold_epilogue = true;
+        testing_gelu::GeluBackward g = testing_gelu::geluBackward(c.fusion, dt, 2, 24, n, 64, /*bias_grad=*/true);
+        for (TensorView* tv : {g.dy, g.w, g.aux})
+          c.inputs.push_back({tv, randomTensor(tv->shape(), dt, rng, -1.5, 1.5)});
+        c.outputs = {g.result, g.bias_grad};
+        c.check("matmul * gelu' " + what, /*loose=*/true);
+      }
+      if (dt != DataType::Float && n % 8 == 0) {
+        EXPECT_EQ(cuda::activationEpilogueRuns(), runs + 2) << what << ": both GEMMs take their epilogue";
+      }
+      if (n % 8 != 0) EXPECT_EQ(cuda::activationEpilogueRuns(), runs) << what << ": aux rows not 8-aligned";
     }
   }
 }

@@ -93,6 +93,25 @@ def test_each_layer_norm_is_one_normalization_segment():
     assert "Allreduce" not in ir and "Allgather" not in ir, "one process: no communication"
 
 
+def test_the_mlp_gelu_runs_as_the_matmul_epilogue_forward_and_backward():
+    """The tanh GELU after fc1 (forward) and its derivative after the fc2 input-gradient GEMM
+    (backward) are folded into their matmul segments (cuBLASLt epilogues on CUDA); the other
+    matmuls keep theirs alone, and the results above are those of these programs."""
+    x, params = make_inputs(CFG, 8)
+    dout = np.random.default_rng(9).standard_normal(x.shape).astype(np.float32)
+    fwd, bwd, _, _ = run_layer(CFG, x, params, dout)
+    for program, kind, matmuls in ((fwd, "gelu_tanh", 4), (bwd, "gelu_tanh_grad", 8)):
+        ir = program.host_ir()
+        segments = [line for line in ir.splitlines() if "LaunchSegment matmul" in line]
+        assert len(segments) == matmuls, ir
+        folded = [line for line in segments if " epilogue " in line]
+        assert len(folded) == 1 and f"epilogue {kind} -> " in folded[0], ir
+        assert "tanh" in folded[0].split("{")[1], "the chain's exprs are in the segment"
+    assert "bias_grad -> " in [line for line in bwd.host_ir().splitlines() if " epilogue " in line][0], \
+        "fc1's bias gradient comes from the same GEMM"
+    assert not any("tanh" in line for line in fwd.host_ir().splitlines() if "LaunchSegment pointwise" in line)
+
+
 def test_torch_layer_trains_a_toy_regression():
     torch = pytest.importorskip("torch")
     from meshfuse.torch import TransformerLayer
