@@ -5,6 +5,7 @@
 // cuBLASLt, views a restride. Everything is enqueued on the device's current stream.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
@@ -40,25 +41,33 @@ class SegmentRun {
   void execute() {
     if (seg_.kind == Segment::Kind::Normalization && runFusedNormalization()) return;
     if (seg_.kind == Segment::Kind::Matmul && seg_.epilogue.kind != MatmulEpilogue::Kind::None && runEpilogue()) return;
-    const auto& exprs = seg_.exprs;
-    for (size_t i = 0; i < exprs.size();) {
-      if (isPointwise(exprs[i]->op())) {
+    runExprs(0, seg_.exprs.size());
+    checkOutputsComputed();
+  }
+
+ private:
+  // Exprs [begin, end) in order: each maximal run of pointwise exprs one generated kernel (per
+  // output shape), every other expr alone.
+  void runExprs(size_t begin, size_t end) {
+    for (size_t i = begin; i < end;) {
+      if (isPointwise(seg_.exprs[i]->op())) {
         size_t j = i;
-        while (j < exprs.size() && isPointwise(exprs[j]->op())) ++j;
+        while (j < end && isPointwise(seg_.exprs[j]->op())) ++j;
         runPointwiseGroup(i, j);
         i = j;
       } else {
-        const Expr& single = *exprs[i];
-        runSingle(single);
+        runSingle(*seg_.exprs[i]);
         ++i;
       }
     }
+  }
+
+  void checkOutputsComputed() const {
     for (TensorView* out : seg_.outputs)
       if (!values_.tensors.count(out))
         throw std::logic_error("CUDA executor: " + out->name() + " is not computed by " + seg_.toString());
   }
 
- private:
   const Tensor& tensor(const Val* v) {
     auto it = local_.find(v);
     if (it != local_.end()) return it->second;
@@ -97,7 +106,7 @@ class SegmentRun {
   // the same sums, where a pointwise kernel would write the wide copy and the reduction read it
   // back (0.37 ms of the GPT-3 layer's backward on the H100 for the qkv and fc1 bias gradients).
   void findReadThroughCasts() {
-    if (seg_.kind == Segment::Kind::Attention || seg_.kind == Segment::Kind::Matmul) return;
+    if (seg_.kind == Segment::Kind::Attention) return;
     for (const Expr* e : seg_.exprs) {
       if (e->op() != OpType::Cast || outputs_.count(e->out()) || !e->input(0)->isTensor()) continue;
       const DataType from = e->input(0)->dtype(), to = e->out()->dtype();
@@ -310,16 +319,21 @@ class SegmentRun {
       activation = cuda::GemmEpilogue::Activation::GeluGrad;
       aux = tensor(epi.aux);
       if (aux.shape() != result_shape) return false;  // a broadcast aux: the exprs handle it
-      if (epi.bias_grad) bias_grad = allocate(epi.bias_grad, tensorShapeOf(epi.bias_grad));
+      if (epi.bias_grad && cuda::biasGradEpilogueEnabled())
+        bias_grad = allocate(epi.bias_grad, tensorShapeOf(epi.bias_grad));
     }
     if (!cuda::runProductWithActivation(device_, ops, activation, aux, result, bias_grad)) return false;
+    computed_shapes_[epi.result] = result_shape;
     bind(epi.result, result);
     if (bias_grad.defined()) bind(epi.bias_grad, bias_grad);
     if (epi.kind == MatmulEpilogue::Kind::GeluTanh && aux.defined()) bind(product, aux);
-    for (TensorView* out : seg_.outputs)
-      if (!values_.tensors.count(out))
-        throw std::logic_error("CUDA executor: the epilogue of " + seg_.toString() + " does not compute " +
-                               out->name());
+    if (epi.bias_grad && !bias_grad.defined()) {
+      // The bias gradient's exprs (a sum of the result, with its casts) follow the result's in the
+      // segment; the sum reads the result itself through its widening cast (findReadThroughCasts).
+      const auto root = std::find(seg_.exprs.begin(), seg_.exprs.end(), epi.result->definition());
+      runExprs(static_cast<size_t>(root - seg_.exprs.begin()) + 1, seg_.exprs.size());
+    }
+    checkOutputsComputed();
     return true;
   }
 

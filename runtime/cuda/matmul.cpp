@@ -371,6 +371,19 @@ bool gemmWithEpilogue(int device, const GemmProblem& p, const void* a, const voi
 
 int64_t activationEpilogueRuns() { return g_activation_epilogue_runs.load(); }
 
+namespace {
+std::atomic<bool>& biasGradEpilogueSetting() {
+  static std::atomic<bool> enabled{[] {
+    const char* v = std::getenv("MESHFUSE_CUDA_BGRAD_EPILOGUE");
+    return v != nullptr && std::string(v) == "1";
+  }()};
+  return enabled;
+}
+}  // namespace
+
+bool biasGradEpilogueEnabled() { return biasGradEpilogueSetting().load(); }
+void setBiasGradEpilogueEnabled(bool enabled) { biasGradEpilogueSetting().store(enabled); }
+
 void runMatmul(int device, const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   checkOnDevice(a_in, device, "operand", "matmul");
   checkOnDevice(b_in, device, "operand", "matmul");

@@ -638,42 +638,49 @@ TEST(CudaExecutorMatmul, LinearWithAndWithoutFusedBias) {
 }
 
 // The tanh GELU after a linear (cuBLASLt's GELU_AUX_BIAS: the pre-activation stored too) and its
-// backward after a matmul with the bias gradient (DGELU_BGRAD, reading the saved pre-activation)
-// as the lowering folds them:
-// the CUDA run takes the epilogue for the 16-bit types (counted) and matches the CPU's run of the
-// same exprs; a row length that is not a multiple of 8 falls back to the exprs.
+// backward after a matmul with the bias gradient (DGELU, then the column sum; or DGELU_BGRAD) as
+// the lowering folds them: the CUDA run takes the epilogue for the 16-bit types (counted) and
+// matches the CPU's run of the same exprs; a row length that is not a multiple of 8 falls back to
+// the exprs.
 TEST(CudaExecutorMatmul, GeluEpiloguesMatchTheExprsTheyStandFor) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(10);
-  for (DataType dt : {DataType::BFloat16, DataType::Half, DataType::Float}) {
-    for (int64_t n : {96, 60}) {
-      const std::string what = toString(dt) + " n=" + std::to_string(n);
-      const int64_t runs = cuda::activationEpilogueRuns();
-      {
-        Case c;
-        c.kind = Segment::Kind::Matmul;
-        c.fold_epilogue = true;
-        testing_gelu::GeluForward g = testing_gelu::geluForward(c.fusion, dt, 48, 64, n);
-        for (TensorView* tv : {g.x, g.w, g.b}) c.inputs.push_back({tv, randomTensor(tv->shape(), dt, rng, -1.5, 1.5)});
-        c.outputs = {g.product, g.result};
-        c.check("linear + gelu " + what, /*loose=*/true);
+  const bool bgrad_setting = cuda::biasGradEpilogueEnabled();
+  for (bool bgrad : {false, true}) {
+    cuda::setBiasGradEpilogueEnabled(bgrad);
+    for (DataType dt : {DataType::BFloat16, DataType::Half, DataType::Float}) {
+      for (int64_t n : {96, 60}) {
+        const std::string what = toString(dt) + " n=" + std::to_string(n) + (bgrad ? " bgrad" : "");
+        const int64_t runs = cuda::activationEpilogueRuns();
+        {
+          Case c;
+          c.kind = Segment::Kind::Matmul;
+          c.fold_epilogue = true;
+          testing_gelu::GeluForward g = testing_gelu::geluForward(c.fusion, dt, 48, 64, n);
+          for (TensorView* tv : {g.x, g.w, g.b})
+            c.inputs.push_back({tv, randomTensor(tv->shape(), dt, rng, -1.5, 1.5)});
+          c.outputs = {g.product, g.result};
+          for (TensorView* out : c.outputs) c.fusion.addOutput(out);
+          c.check("linear + gelu " + what, /*loose=*/true);
+        }
+        {
+          Case c;
+          c.kind = Segment::Kind::Matmul;
+          c.fold_epilogue = true;
+          testing_gelu::GeluBackward g = testing_gelu::geluBackward(c.fusion, dt, 2, 24, n, 64, /*bias_grad=*/true);
+          for (TensorView* tv : {g.dy, g.w, g.aux})
+            c.inputs.push_back({tv, randomTensor(tv->shape(), dt, rng, -1.5, 1.5)});
+          c.outputs = {g.result, g.bias_grad};
+          for (TensorView* out : c.outputs) c.fusion.addOutput(out);
+          c.check("matmul * gelu' and its bias gradient " + what, /*loose=*/true);
+        }
+        if (dt != DataType::Float && n % 8 == 0)
+          EXPECT_EQ(cuda::activationEpilogueRuns(), runs + 2) << what << ": both GEMMs take their epilogue";
+        if (n % 8 != 0) EXPECT_EQ(cuda::activationEpilogueRuns(), runs) << what << ": aux rows not 8-aligned";
       }
-      {
-        Case c;
-        c.kind = Segment::Kind::Matmul;
-        c.fold_epilogue = true;
-        testing_gelu::GeluBackward g = testing_gelu::geluBackward(c.fusion, dt, 2, 24, n, 64, /*bias_grad=*/true);
-        for (TensorView* tv : {g.dy, g.w, g.aux})
-          c.inputs.push_back({tv, randomTensor(tv->shape(), dt, rng, -1.5, 1.5)});
-        c.outputs = {g.result, g.bias_grad};
-        c.check("matmul * gelu' " + what, /*loose=*/true);
-      }
-      if (dt != DataType::Float && n % 8 == 0) {
-        EXPECT_EQ(cuda::activationEpilogueRuns(), runs + 2) << what << ": both GEMMs take their epilogue";
-      }
-      if (n % 8 != 0) EXPECT_EQ(cuda::activationEpilogueRuns(), runs) << what << ": aux rows not 8-aligned";
     }
   }
+  cuda::setBiasGradEpilogueEnabled(bgrad_setting);
 }
 
 // Operands held transposed (a permuted view, as the weight gradient's dy^T) or as a slice with a

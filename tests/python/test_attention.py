@@ -318,6 +318,28 @@ def test_cuda_matches_float64_reference(rng, causal, d):
 
 
 @pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+def test_cuda_forward_output_is_heads_inner_so_merging_heads_is_a_view(rng):
+    """cuDNN writes o as [b, s, h, d] in memory (a permuted [b, h, s, d] tensor): the merge of the
+    heads that the out-projection reads is then a view of the same memory, not a copy."""
+    import torch
+    b, h, s, d = 2, 3, 40, 64
+    q, k, v = qkv(rng, b, h, s, s, d)
+    with FusionDefinition() as fd:
+        ins = [fd.define_tensor(list(x.shape), dtype=BF16) for x in (q, k, v)]
+        out, _, _, _ = fd.ops.sdpfa_fwd(*ins, is_causal=True)
+        fd.add_output(out)
+        fd.add_output(fd.ops.reshape(fd.ops.permute(out, [0, 2, 1, 3]), [b, s, h * d]))
+    cuda_in = [torch.from_numpy(x).to(torch.bfloat16).cuda() for x in (q, k, v)]
+    o, merged = fd.execute(cuda_in)
+    assert o.shape == (b, h, s, d) and o.stride() == (s * h * d, d, h * d, 1), o.stride()
+    assert merged.data_ptr() == o.data_ptr() and merged.is_contiguous()
+    ref, _, _ = attention_reference(*(t.float().cpu().numpy() for t in cuda_in), True)
+    np.testing.assert_allclose(o.float().cpu().numpy(), ref, rtol=3e-2, atol=3e-2)
+    np.testing.assert_allclose(merged.float().cpu().numpy(), ref.transpose(0, 2, 1, 3).reshape(b, s, h * d),
+                               rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("p", [0.2, 0.1], ids=["p0.2", "p0.1"])
 @pytest.mark.parametrize("shape", [(2, 3, 64, 64, 64), (2, 3, 200, 330, 64), (1, 2, 130, 70, 128)],
