@@ -316,10 +316,11 @@ class SegmentRun {
     if (epi.kind == MatmulEpilogue::Kind::GeluTanh) {
       if (outputs_.count(product)) aux = allocate(product, tensorShapeOf(product));
     } else {
+      if (cuda::geluGradEpilogue() == cuda::GeluGradEpilogue::Off) return false;
       activation = cuda::GemmEpilogue::Activation::GeluGrad;
       aux = tensor(epi.aux);
       if (aux.shape() != result_shape) return false;  // a broadcast aux: the exprs handle it
-      if (epi.bias_grad && cuda::biasGradEpilogueEnabled())
+      if (epi.bias_grad && cuda::geluGradEpilogue() == cuda::GeluGradEpilogue::DgeluBgrad)
         bias_grad = allocate(epi.bias_grad, tensorShapeOf(epi.bias_grad));
     }
     if (!cuda::runProductWithActivation(device_, ops, activation, aux, result, bias_grad)) return false;

@@ -372,17 +372,21 @@ bool gemmWithEpilogue(int device, const GemmProblem& p, const void* a, const voi
 int64_t activationEpilogueRuns() { return g_activation_epilogue_runs.load(); }
 
 namespace {
-std::atomic<bool>& biasGradEpilogueSetting() {
-  static std::atomic<bool> enabled{[] {
-    const char* v = std::getenv("MESHFUSE_CUDA_BGRAD_EPILOGUE");
-    return v != nullptr && std::string(v) == "1";
+std::atomic<GeluGradEpilogue>& geluGradEpilogueSetting() {
+  static std::atomic<GeluGradEpilogue> mode{[] {
+    const char* v = std::getenv("MESHFUSE_CUDA_DGELU_EPILOGUE");
+    const std::string s = v ? v : "off";
+    if (s == "dgelu") return GeluGradEpilogue::Dgelu;
+    if (s == "dgelu_bgrad") return GeluGradEpilogue::DgeluBgrad;
+    if (s != "off") throw UserError("MESHFUSE_CUDA_DGELU_EPILOGUE=" + s + ": expected off, dgelu or dgelu_bgrad");
+    return GeluGradEpilogue::Off;
   }()};
-  return enabled;
+  return mode;
 }
 }  // namespace
 
-bool biasGradEpilogueEnabled() { return biasGradEpilogueSetting().load(); }
-void setBiasGradEpilogueEnabled(bool enabled) { biasGradEpilogueSetting().store(enabled); }
+GeluGradEpilogue geluGradEpilogue() { return geluGradEpilogueSetting().load(); }
+void setGeluGradEpilogue(GeluGradEpilogue mode) { geluGradEpilogueSetting().store(mode); }
 
 void runMatmul(int device, const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   checkOnDevice(a_in, device, "operand", "matmul");

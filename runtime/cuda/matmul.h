@@ -60,13 +60,18 @@ struct ProductOperands {
 bool runProductWithActivation(int device, const ProductOperands& operands, GemmEpilogue::Activation activation,
                               const Tensor& aux, const Tensor& out, const Tensor& bias_grad = Tensor());
 
-// Whether a GELU-gradient GEMM also yields the bias gradient (DGELU_BGRAD) when the segment asks for
-// it; else the executor sums the gradient with a column-reduction kernel after the DGELU GEMM.
-// Off by default (MESHFUSE_CUDA_BGRAD_EPILOGUE=1 turns it on): on the H100 with cuBLASLt 13.0 it ran
-// as the GEMM plus a separate 0.81 ms epilogue kernel over an fp32 copy of the product, where the
-// column sum takes 0.07 ms (GPT-3 layer, [2048 x 49152] bf16). Tests set it both ways.
-bool biasGradEpilogueEnabled();
-void setBiasGradEpilogueEnabled(bool enabled);
+// How a GELU-gradient fold (MatmulEpilogue::Kind::GeluTanhGrad) runs on CUDA, from
+// MESHFUSE_CUDA_DGELU_EPILOGUE (`off`, `dgelu`, `dgelu_bgrad`; read once, tests set it):
+//   Off (default): its exprs after a plain GEMM: one fused pointwise kernel, then the column sum
+//     (the bias gradient) reading the bf16 result. On the H100 with cuBLASLt 13.0, DGELU_BGRAD ran
+//     as the plain GEMM plus a separate 0.81 ms epilogue kernel over an fp32 copy of the product
+//     (GPT-3 layer, [2048 x 49152] bf16), where the pointwise kernel and the sum take 0.28 ms;
+//     DGELU alone has not been timed there yet.
+//   Dgelu: the GEMM's DGELU epilogue, then the column sum.
+//   DgeluBgrad: DGELU_BGRAD, the bias gradient from the GEMM too.
+enum class GeluGradEpilogue : uint8_t { Off, Dgelu, DgeluBgrad };
+GeluGradEpilogue geluGradEpilogue();
+void setGeluGradEpilogue(GeluGradEpilogue mode);
 
 // How many GEMMs with an activation epilogue have been enqueued in this process (tests check that
 // the epilogue, not its fallback, ran).

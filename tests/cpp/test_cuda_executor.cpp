@@ -638,19 +638,21 @@ TEST(CudaExecutorMatmul, LinearWithAndWithoutFusedBias) {
 }
 
 // The tanh GELU after a linear (cuBLASLt's GELU_AUX_BIAS: the pre-activation stored too) and its
-// backward after a matmul with the bias gradient (DGELU, then the column sum; or DGELU_BGRAD) as
-// the lowering folds them: the CUDA run takes the epilogue for the 16-bit types (counted) and
-// matches the CPU's run of the same exprs; a row length that is not a multiple of 8 falls back to
-// the exprs.
+// backward after a matmul with the bias gradient (its exprs; DGELU, then the column sum; or
+// DGELU_BGRAD) as the lowering folds them: the CUDA run takes the epilogues for the 16-bit types
+// (counted) and matches the CPU's run of the same exprs; a row length that is not a multiple of 8
+// falls back to the exprs.
 TEST(CudaExecutorMatmul, GeluEpiloguesMatchTheExprsTheyStandFor) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(10);
-  const bool bgrad_setting = cuda::biasGradEpilogueEnabled();
-  for (bool bgrad : {false, true}) {
-    cuda::setBiasGradEpilogueEnabled(bgrad);
+  const cuda::GeluGradEpilogue setting = cuda::geluGradEpilogue();
+  using Mode = cuda::GeluGradEpilogue;
+  for (Mode mode : {Mode::Off, Mode::Dgelu, Mode::DgeluBgrad}) {
+    cuda::setGeluGradEpilogue(mode);
     for (DataType dt : {DataType::BFloat16, DataType::Half, DataType::Float}) {
       for (int64_t n : {96, 60}) {
-        const std::string what = toString(dt) + " n=" + std::to_string(n) + (bgrad ? " bgrad" : "");
+        const std::string what =
+            toString(dt) + " n=" + std::to_string(n) + " dgelu mode " + std::to_string(static_cast<int>(mode));
         const int64_t runs = cuda::activationEpilogueRuns();
         {
           Case c;
@@ -675,12 +677,13 @@ TEST(CudaExecutorMatmul, GeluEpiloguesMatchTheExprsTheyStandFor) {
           c.check("matmul * gelu' and its bias gradient " + what, /*loose=*/true);
         }
         if (dt != DataType::Float && n % 8 == 0)
-          EXPECT_EQ(cuda::activationEpilogueRuns(), runs + 2) << what << ": both GEMMs take their epilogue";
+          EXPECT_EQ(cuda::activationEpilogueRuns(), runs + (mode == Mode::Off ? 1 : 2))
+              << what << ": the GEMMs take their epilogues";
         if (n % 8 != 0) EXPECT_EQ(cuda::activationEpilogueRuns(), runs) << what << ": aux rows not 8-aligned";
       }
     }
   }
-  cuda::setBiasGradEpilogueEnabled(bgrad_setting);
+  cuda::setGeluGradEpilogue(setting);
 }
 
 // Operands held transposed (a permuted view, as the weight gradient's dy^T) or as a slice with a
