@@ -1,8 +1,11 @@
 """The transformer layer of meshfuse.models.transformer on one process: forward outputs and every
 gradient against a float64 numpy layer (transformer_reference.py) computed with the dropout masks
 the forward returns, the backward against central finite differences of the forward in float64,
-one normalization segment per LayerNorm, and the torch autograd wrapper training a toy regression
+one normalization segment per LayerNorm, the MLP's GELU (and its backward) folded into its matmul's
+segment as an epilogue, and the torch autograd wrapper training a toy regression
 (the loss falls). The multi-rank schedules are in mp/test_transformer_mp.py."""
+import os
+
 import numpy as np
 import pytest
 
@@ -97,6 +100,8 @@ def test_the_mlp_gelu_runs_as_the_matmul_epilogue_forward_and_backward():
     """The tanh GELU after fc1 (forward) and its derivative after the fc2 input-gradient GEMM
     (backward) are folded into their matmul segments (cuBLASLt epilogues on CUDA); the other
     matmuls keep theirs alone, and the results above are those of these programs."""
+    if os.environ.get("MESHFUSE_MATMUL_EPILOGUES") == "0":
+        pytest.skip("MESHFUSE_MATMUL_EPILOGUES=0 turns the folding off")
     x, params = make_inputs(CFG, 8)
     dout = np.random.default_rng(9).standard_normal(x.shape).astype(np.float32)
     fwd, bwd, _, _ = run_layer(CFG, x, params, dout)
