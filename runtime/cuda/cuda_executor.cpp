@@ -302,6 +302,8 @@ class SegmentRun {
     const MatmulEpilogue& epi = seg_.epilogue;
     const DataType dt = product->dtype();
     if (dt != DataType::BFloat16 && dt != DataType::Half && dt != DataType::Float) return false;
+    const bool gradient = epi.kind == MatmulEpilogue::Kind::GeluTanhGrad;
+    if (gradient && cuda::geluGradEpilogue() == cuda::GeluGradEpilogue::Off) return false;
     cuda::ProductOperands ops;
     ops.linear = product_expr.op() == OpType::Linear;
     for (size_t i = 0; i < product_expr.inputs().size(); ++i) {
@@ -313,10 +315,9 @@ class SegmentRun {
     Tensor result = allocate(epi.result, result_shape);
     Tensor aux, bias_grad;
     cuda::GemmEpilogue::Activation activation = cuda::GemmEpilogue::Activation::Gelu;
-    if (epi.kind == MatmulEpilogue::Kind::GeluTanh) {
+    if (!gradient) {
       if (outputs_.count(product)) aux = allocate(product, tensorShapeOf(product));
     } else {
-      if (cuda::geluGradEpilogue() == cuda::GeluGradEpilogue::Off) return false;
       activation = cuda::GemmEpilogue::Activation::GeluGrad;
       aux = tensor(epi.aux);
       if (aux.shape() != result_shape) return false;  // a broadcast aux: the exprs handle it
