@@ -488,12 +488,7 @@ void HostIrLower::lowerResharding(const Expr* e) {
 void HostIrLower::finishSegments(const Fusion& fusion) {
   const auto segments_of = segmentsOfExprs(hic_->segments);
   for (Segment& seg : hic_->segments) {
-    std::unordered_set<const Val*> produced;
-    for (const Expr* e : seg.exprs) produced.insert(e->outputs().begin(), e->outputs().end());
-    std::unordered_set<const Val*> seen;
-    for (const Expr* e : seg.exprs)
-      for (Val* v : e->inputs())
-        if (!produced.count(v) && seen.insert(v).second) seg.inputs.push_back(v);
+    seg.inputs = inputsOf(seg.exprs);
     for (const Expr* e : seg.exprs) {
       for (Val* v : e->outputs()) {  // every result of a multi-output expr (attention)
         auto* out = static_cast<TensorView*>(v);

@@ -86,6 +86,12 @@ class Finder {
  private:
   bool liveUse(const Expr* use) const { return position_.count(use) > 0; }
 
+  // Every live expr that reads `v` is one of `members`.
+  bool readOnlyWithin(const Val* v, const std::unordered_set<const Expr*>& members) const {
+    return std::all_of(v->uses().begin(), v->uses().end(),
+                       [&](const Expr* use) { return !liveUse(use) || members.count(use) > 0; });
+  }
+
   // The exprs after `matmul` that could move up to it: pointwise analytic exprs (and a reshape of
   // the product itself) whose tensor inputs are the product, values of earlier such exprs, or
   // values that exist before the matmul. `from_product` receives the values that depend on the
@@ -145,10 +151,7 @@ class Finder {
           if (!v->isTensor() || def == nullptr || members.count(def) || claimed_.count(def)) continue;
           if (!position_.count(def) || position_.at(def) >= at || !local_(def)) continue;
           if (!isPointwise(def->op()) || !analytic(def) || fusion_.isOutput(v)) continue;
-          bool private_to_slice = true;
-          for (const Expr* use : v->uses())
-            private_to_slice = private_to_slice && (!liveUse(use) || members.count(use));
-          if (!private_to_slice) continue;
+          if (!readOnlyWithin(v, members)) continue;
           slice.push_back(def);
           members.insert(def);
           grew = true;
@@ -165,9 +168,7 @@ class Finder {
     for (const Expr* e : slice) {
       const Val* v = e->out();
       if (v == root) continue;
-      if (fusion_.isOutput(v)) return false;
-      for (const Expr* use : v->uses())
-        if (liveUse(use) && !members.count(use)) return false;
+      if (fusion_.isOutput(v) || !readOnlyWithin(v, members)) return false;
     }
     return true;
   }
@@ -213,12 +214,9 @@ class Finder {
       if (reshaped && leaves.count(product)) continue;
       leaves.erase(g);
       const auto* aux = static_cast<const TensorView*>(*leaves.begin());
-      bool product_private = true;
-      for (const Expr* use : product->uses())
-        product_private = product_private && (!liveUse(use) || std::count(slice.begin(), slice.end(), use) > 0);
       // (Shapes are checked where they are known, at execution: an executor runs the exprs when
       // aux is not the result's shape.)
-      if (!product_private || aux->dtype() != product->dtype()) continue;
+      if (!readOnlyWithin(product, {slice.begin(), slice.end()}) || aux->dtype() != product->dtype()) continue;
       if (!isGeluTanhGradOf(root, g, aux)) continue;
       fold.epilogue.kind = MatmulEpilogue::Kind::GeluTanhGrad;
       fold.epilogue.aux = aux;

@@ -53,6 +53,16 @@ Segment::Kind segmentKindOf(OpType op) {
   return Segment::Kind::View;
 }
 
+std::vector<Val*> inputsOf(const std::vector<const Expr*>& exprs) {
+  std::unordered_set<const Val*> produced, seen;
+  for (const Expr* e : exprs) produced.insert(e->outputs().begin(), e->outputs().end());
+  std::vector<Val*> inputs;
+  for (const Expr* e : exprs)
+    for (Val* v : e->inputs())
+      if (!produced.count(v) && seen.insert(v).second) inputs.push_back(v);
+  return inputs;
+}
+
 std::vector<Segment> splitIntoParts(const Segment& seg) {
   std::vector<Segment> parts;
   for (const Expr* e : seg.exprs) {
@@ -64,11 +74,7 @@ std::vector<Segment> splitIntoParts(const Segment& seg) {
   }
   std::unordered_set<const Val*> seg_outputs(seg.outputs.begin(), seg.outputs.end());
   for (size_t i = 0; i < parts.size(); ++i) {
-    std::unordered_set<const Val*> produced, seen;
-    for (const Expr* e : parts[i].exprs) produced.insert(e->outputs().begin(), e->outputs().end());
-    for (const Expr* e : parts[i].exprs)
-      for (Val* v : e->inputs())
-        if (!produced.count(v) && seen.insert(v).second) parts[i].inputs.push_back(v);
+    parts[i].inputs = inputsOf(parts[i].exprs);
     for (const Expr* e : parts[i].exprs)
       for (Val* v : e->outputs()) {
         bool read_later = seg_outputs.count(v) > 0;

@@ -55,6 +55,10 @@ std::string toString(Segment::Kind kind);
 // The kind of segment an expr forms on its own.
 Segment::Kind segmentKindOf(OpType op);
 
+// What `exprs` read that they do not compute (tensors and scalars), each once, in first-read order:
+// a segment's inputs.
+std::vector<Val*> inputsOf(const std::vector<const Expr*>& exprs);
+
 // `seg` as the segments its exprs would form without fusion: each maximal run of pointwise exprs
 // one Pointwise segment, every other expr a segment of its own kind; inputs and outputs set (an
 // output is a value read by a later part or an output of `seg`). Executors run a Matmul segment

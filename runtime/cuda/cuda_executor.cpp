@@ -5,7 +5,6 @@
 // cuBLASLt, views a restride. Everything is enqueued on the device's current stream.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
@@ -311,24 +310,23 @@ class SegmentRun {
       if (v->dtype() != dt) return false;
       (i == 0 ? ops.a : i == 1 ? ops.b : ops.bias) = tensor(v);
     }
-    const std::vector<int64_t> result_shape = tensorShapeOf(epi.result);
+    const std::vector<int64_t> result_shape = tensorShape(epi.result);
     Tensor result = allocate(epi.result, result_shape);
     Tensor aux, bias_grad;
     cuda::GemmEpilogue::Activation activation = cuda::GemmEpilogue::Activation::Gelu;
     if (!gradient) {
-      if (outputs_.count(product)) aux = allocate(product, tensorShapeOf(product));
+      if (outputs_.count(product)) aux = allocate(product, tensorShape(product));
     } else {
       activation = cuda::GemmEpilogue::Activation::GeluGrad;
       aux = tensor(epi.aux);
       if (aux.shape() != result_shape) return false;  // a broadcast aux: the exprs handle it
       if (epi.bias_grad && cuda::geluGradEpilogue() == cuda::GeluGradEpilogue::DgeluBgrad)
-        bias_grad = allocate(epi.bias_grad, tensorShapeOf(epi.bias_grad));
+        bias_grad = allocate(epi.bias_grad, tensorShape(epi.bias_grad));
     }
     if (!cuda::runProductWithActivation(device_, ops, activation, aux, result, bias_grad)) return false;
-    computed_shapes_[epi.result] = result_shape;
     bind(epi.result, result);
     if (bias_grad.defined()) bind(epi.bias_grad, bias_grad);
-    if (epi.kind == MatmulEpilogue::Kind::GeluTanh && aux.defined()) bind(product, aux);
+    if (!gradient && aux.defined()) bind(product, aux);
     if (epi.bias_grad && !bias_grad.defined()) {
       // The bias gradient's exprs (a sum of the result, with its casts) follow the result's in the
       // segment; the sum reads the result itself through its widening cast (findReadThroughCasts).
@@ -337,13 +335,6 @@ class SegmentRun {
     }
     checkOutputsComputed();
     return true;
-  }
-
-  // The local shape of a value the segment's epilogue computes (from the ShapeMap).
-  std::vector<int64_t> tensorShapeOf(const TensorView* tv) const {
-    auto it = shapes_.find(tv);
-    if (it == shapes_.end()) throw std::logic_error("CUDA executor: no local shape bound for " + tv->name());
-    return it->second;
   }
 
   // Fused attention through cuDNN (runtime/cuda/attention.cpp); all of its results at once.
