@@ -269,6 +269,7 @@ def run_cuda(args):
     # inputs stay the default's forward outputs: every width drops the same elements, and cuDNN's RNG
     # does the same work whichever mask the forward drew.
     variants = ([("MESHFUSE_ATTENTION_MASK", w) for w in args.mask_widths or []] +
+                [("MESHFUSE_ATTENTION_BACKWARD_MASK", o) for o in args.backward_masks or []] +
                 [("MESHFUSE_ATTENTION_RNG", r) for r in args.rngs or []])
     widths = []
     for env_name, value in variants:
@@ -362,6 +363,9 @@ def main():
                     help="CPU: also trace STEPS meshfuse steps and print rank 0's time per segment kind")
     ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact"],
                     help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_MASK width")
+    ap.add_argument("--backward-masks", nargs="+", default=None, choices=["key_major", "query_major"],
+                    help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_BACKWARD_MASK order (how the "
+                         "backward's dropout mask lies in memory for cuDNN)")
     ap.add_argument("--rngs", nargs="+", default=None, choices=["meshfuse", "cudnn"],
                     help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_RNG (cudnn: cuDNN's in-kernel "
                          "dropout, a mask the CPU cannot draw)")

@@ -99,6 +99,8 @@ struct Built {
   // reshape, where a [b, h, s, d] result cost a copy (0.06 ms of the GPT-3 layer's forward on the
   // H100, and again in the backward, which merges the saved o for the weight gradient).
   bool o_heads_inner = false;
+  // The backward's dropout mask is read key-major (dropout_mask.h's MaskOrder says why).
+  bool mask_key_major = false;
 };
 
 // The strides of q, k, v (forward; also o and dO backward) as the call holds them, by name.
@@ -107,7 +109,7 @@ using InputStrides = std::map<std::string, std::vector<int64_t> >;
 // The last double: the dropout probability of a graph that draws its own mask (cuDNN's generator
 // takes it at build time), else 0.
 using Key = std::tuple<int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int,
-                       InputStrides, double>;
+                       InputStrides, double, bool>;
 
 std::vector<int64_t> rowMajor(const std::vector<int64_t>& dims) {
   std::vector<int64_t> strides(dims.size(), 1);
@@ -169,10 +171,12 @@ fe::DataType_t ioType(DataType dtype) {
 // `mask_dtype`: what the dropout mask holds (dropoutMaskDataType), when dropout is on and meshfuse
 // draws it; `cudnn_rng`: cuDNN draws it instead, from the "seed" and "offset" words.
 std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const AttentionParams& p, DataType dtype,
-                             const InputStrides* strides, DataType mask_dtype, bool cudnn_rng, bool o_heads_inner) {
+                             const InputStrides* strides, DataType mask_dtype, bool cudnn_rng, bool o_heads_inner,
+                             bool mask_key_major) {
   auto b = std::make_shared<Built>();
   b->strided_inputs = strides != nullptr;
   b->o_heads_inner = forward && o_heads_inner;
+  b->mask_key_major = !forward && mask_key_major;
   b->graph = std::make_shared<fe::graph::Graph>();
   const fe::DataType_t io = ioType(dtype);
   const fe::DataType_t mask = mask_dtype == DataType::Float ? fe::DataType_t::FLOAT : io;
@@ -206,8 +210,11 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
                      .set_attn_scale(static_cast<float>(p.scale));
     if (dropout && cudnn_rng)
       attrs.set_dropout(static_cast<float>(p.dropout_p), deviceWord(*b, "seed"), deviceWord(*b, "offset"));
-    else if (dropout)
-      attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
+    else if (dropout) {
+      const InputStrides mask_strides{{"mask", {p.heads * p.seq_kv * p.seq_q, p.seq_kv * p.seq_q, 1, p.seq_q}}};
+      attrs.set_dropout(tensor(*b, "mask", md, mask, b->mask_key_major ? &mask_strides : nullptr),
+                        byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
+    }
     auto [dq, dk, dv] = b->graph->sdpa_backward(q, k, v, o, dO, stats, attrs);
     output(*b, "dq", dq, qd, io);
     output(*b, "dk", dk, kd, io);
@@ -233,7 +240,8 @@ int maskKey(const AttentionParams& p, DataType mask_dtype, bool cudnn_rng) {
 // the graph is built for dense inputs instead (and the call binds dense copies). `mask_dtype` is
 // dropoutMaskDataType's answer, read once per call.
 std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionParams& p, DataType dtype,
-                                   DataType mask_dtype, const InputStrides& strides, bool cudnn_rng) {
+                                   DataType mask_dtype, const InputStrides& strides, bool cudnn_rng,
+                                   bool mask_key_major) {
   static std::mutex mu;
   static std::map<Key, std::shared_ptr<Built> > cache;
   const Key key{device,
@@ -249,21 +257,25 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
                 p.scale,
                 maskKey(p, mask_dtype, cudnn_rng),
                 strides,
-                cudnn_rng ? p.dropout_p : 0.0};
+                cudnn_rng ? p.dropout_p : 0.0,
+                mask_key_major};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   // The layouts to try, most preferred first: strided inputs read in place, then dense copies;
-  // the forward's o heads-inner, then packed. The last is not caught (cuDNN's error reaches the user).
-  std::vector<std::pair<const InputStrides*, bool> > layouts;
+  // the forward's o heads-inner, then packed; the backward's mask key-major, then query-major. The
+  // last is not caught (cuDNN's error reaches the user).
+  std::vector<std::tuple<const InputStrides*, bool, bool> > layouts;
   for (const InputStrides* in : {strides.empty() ? nullptr : &strides, static_cast<const InputStrides*>(nullptr)})
     for (bool o_inner : {forward, false})
-      if (std::find(layouts.begin(), layouts.end(), std::make_pair(in, o_inner)) == layouts.end())
-        layouts.emplace_back(in, o_inner);
+      for (bool key_major : {mask_key_major, false})
+        if (std::find(layouts.begin(), layouts.end(), std::make_tuple(in, o_inner, key_major)) == layouts.end())
+          layouts.emplace_back(in, o_inner, key_major);
   std::shared_ptr<Built> built;
   for (size_t i = 0; i < layouts.size() && !built; ++i) {
     try {
-      built = build(handleFor(device), forward, p, dtype, layouts[i].first, mask_dtype, cudnn_rng, layouts[i].second);
+      const auto& [in, o_inner, key_major] = layouts[i];
+      built = build(handleFor(device), forward, p, dtype, in, mask_dtype, cudnn_rng, o_inner, key_major);
     } catch (const std::runtime_error&) {
       if (i + 1 == layouts.size()) throw;
     }
@@ -328,6 +340,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   const bool cudnn_rng = dropout && attentionRngFromEnvironment() == AttentionRng::Cudnn;
   const bool explicit_mask = dropout && !cudnn_rng;
   const DataType mask_dtype = explicit_mask ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
+  const bool mask_key_major = explicit_mask && !forward && backwardMaskOrderFromEnvironment() == MaskOrder::KeyMajor;
   InputStrides strides;
   std::set<std::string> in_place;  // the inputs whose own layout the strided graph describes
   for (const auto& [name, index] : strided_inputs) {
@@ -336,7 +349,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     strides[name] = st.empty() ? rowMajor(tensors[index].shape()) : st;
   }
   if (in_place.empty()) strides.clear();  // every input dense: the plain graph
-  auto built = cachedGraph(device, forward, p, dtype, mask_dtype, strides, cudnn_rng);
+  auto built = cachedGraph(device, forward, p, dtype, mask_dtype, strides, cudnn_rng, mask_key_major);
   cudnnHandle_t handle = handleFor(device);
   if (cudnnSetStream(handle, currentStream(device)) != CUDNN_STATUS_SUCCESS)
     throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
@@ -355,7 +368,10 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   float dropout_scale = explicit_mask ? dropoutScaleCorrection(p.dropout_p, mask_dtype) : 1.0F;
   float dropout_scale_inv = 1.0F / dropout_scale;
   if (explicit_mask) {
-    bind("mask", dropoutMask(device, p, mask_dtype, seed_at, offset_at));
+    // Bound as drawn: a key-major mask is a permuted view the graph's mask strides describe.
+    keep.push_back(dropoutMask(device, p, mask_dtype, seed_at, offset_at,
+                               built->mask_key_major ? MaskOrder::KeyMajor : MaskOrder::QueryMajor));
+    pack[built->tensors.at("mask")] = keep.back().data();
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
     if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
   }

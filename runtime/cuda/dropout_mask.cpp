@@ -92,6 +92,71 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
     }
   }
 }
+// The same mask held key-major: element (b, h, i, j) at ((b * heads + h) * seq_kv + j) * seq_q + i,
+// the order in which cuDNN's attention backward reads it (it walks the transposed score tiles). A block
+// draws a [64 queries, 64 keys] tile row by row, as above (a row's counters from the one holding its
+// key j_begin: at most 17), into shared memory, then writes it out by keys, each key's 64 queries
+// contiguous (coalesced, two 2-byte elements a store where they are aligned).
+#define MESHFUSE_MASK_TILE 64
+#define MESHFUSE_MASK_ROW_COUNTERS 17
+extern "C" __global__ void meshfuse_dropout_mask_key_major(Params p) {
+  __shared__ unsigned int tile[MESHFUSE_MASK_TILE][MESHFUSE_MASK_TILE + 1];  // [key][query], padded
+  if (p.seed_at != nullptr) {
+    p.seed = *p.seed_at;
+    p.offset = *p.offset_at;
+  }
+  const long long pairs = p.numel / (p.seq_q * p.seq_kv);
+  const long long tiles_k = (p.seq_kv + MESHFUSE_MASK_TILE - 1) / MESHFUSE_MASK_TILE;
+  const long long tiles = (p.seq_q + MESHFUSE_MASK_TILE - 1) / MESHFUSE_MASK_TILE * tiles_k;
+  for (long long bh = blockIdx.y; bh < pairs; bh += gridDim.y) {
+    const long long h = bh % p.heads, b = bh / p.heads;
+    const unsigned long long pair_base =
+        ((unsigned long long)(b + p.batch_offset) * p.global_heads + (h + p.head_offset)) * p.seq_q * p.seq_kv;
+    for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const long long i_begin = t / tiles_k * MESHFUSE_MASK_TILE, j_begin = t % tiles_k * MESHFUSE_MASK_TILE;
+      const int rows = (int)min((long long)MESHFUSE_MASK_TILE, p.seq_q - i_begin);
+      const int cols = (int)min((long long)MESHFUSE_MASK_TILE, p.seq_kv - j_begin);
+      for (int s = threadIdx.x; s < MESHFUSE_MASK_TILE * MESHFUSE_MASK_ROW_COUNTERS; s += blockDim.x) {
+        const int r = s / MESHFUSE_MASK_ROW_COUNTERS, c = s % MESHFUSE_MASK_ROW_COUNTERS;
+        if (r >= rows) continue;
+        const long long i = i_begin + r;
+        const unsigned long long g0 = pair_base + (unsigned long long)i * p.seq_kv + j_begin;  // (i, j_begin)
+        const int j_first = 4 * c - (int)(g0 & 3);  // the tile column of the counter's word 0
+        if (j_first >= cols) continue;
+        const long long computed = p.causal ? min(p.seq_kv, i + 1) : p.seq_kv;
+        unsigned bits[4] = {0u, 0u, 0u, 0u};
+        if (j_begin + j_first < computed) {
+          const uint4 w4 = philox4x32((g0 >> 2) + c, p.offset, p.seed);
+          const unsigned w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            if (j_begin + j_first + k < computed && philoxUnitF(w[k]) >= p.threshold) bits[k] = p.kept;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (j_first + k >= 0 && j_first + k < cols) tile[j_first + k][r] = bits[k];
+      }
+      __syncthreads();
+      const long long out_base = (bh * p.seq_kv + j_begin) * p.seq_q + i_begin;
+      for (int s = threadIdx.x; s < MESHFUSE_MASK_TILE * MESHFUSE_MASK_TILE / 2; s += blockDim.x) {
+        const int jj = s / (MESHFUSE_MASK_TILE / 2), r = 2 * (s % (MESHFUSE_MASK_TILE / 2));
+        if (jj >= cols || r >= rows) continue;
+        const long long e = out_base + (long long)jj * p.seq_q + r;
+        if (p.element_bytes == 2 && p.vector_stores && r + 1 < rows && (e & 1) == 0) {
+          reinterpret_cast<unsigned int*>(p.mask)[e >> 1] = tile[jj][r] | (tile[jj][r + 1] << 16);
+          continue;
+        }
+        for (int k = 0; k < 2 && r + k < rows; ++k) {
+          if (p.element_bytes == 4)
+            static_cast<unsigned int*>(p.mask)[e + k] = tile[jj][r + k];
+          else
+            static_cast<unsigned short*>(p.mask)[e + k] = static_cast<unsigned short>(tile[jj][r + k]);
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
 )";
 
 struct Params {
@@ -154,8 +219,21 @@ float dropoutScaleCorrection(double dropout_p, DataType mask_dtype) {
   return keepScale(dropout_p) / heldScale(dropout_p, mask_dtype);
 }
 
-Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at, const void* offset_at) {
-  Tensor mask = Tensor::empty({p.batch, p.heads, p.seq_q, p.seq_kv}, dtype, Device::cuda(device));
+MaskOrder backwardMaskOrderFromEnvironment() {
+  const char* e = std::getenv("MESHFUSE_ATTENTION_BACKWARD_MASK");
+  const std::string v = e == nullptr ? "" : e;
+  if (v.empty() || v == "query_major") return MaskOrder::QueryMajor;
+  if (v == "key_major") return MaskOrder::KeyMajor;
+  throw UserError("MESHFUSE_ATTENTION_BACKWARD_MASK=" + v + " is not one of key_major, query_major");
+}
+
+Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at, const void* offset_at,
+                   MaskOrder order) {
+  const bool key_major = order == MaskOrder::KeyMajor;
+  Tensor mask =
+      key_major
+          ? Tensor::empty({p.batch, p.heads, p.seq_kv, p.seq_q}, dtype, Device::cuda(device)).permute({0, 1, 3, 2})
+          : Tensor::empty({p.batch, p.heads, p.seq_q, p.seq_kv}, dtype, Device::cuda(device));
   Params params{mask.data(),
                 p.seed,
                 p.offset,
@@ -174,6 +252,17 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
                 p.causal ? 1 : 0,
                 reinterpret_cast<uintptr_t>(mask.data()) % 16 == 0 ? 1 : 0};
   if (params.numel == 0) return mask;
+  if (key_major) {
+    KernelFunction kernel = cachedKernel(
+        device, "meshfuse_dropout_mask_key_major", [] { return dropoutMaskSource(); },
+        "meshfuse_dropout_mask_key_major");
+    // A block per [64, 64] tile of a (batch, head) pair, the pairs on the grid's y.
+    constexpr int64_t kTile = 64;
+    const int64_t tiles = (p.seq_q + kTile - 1) / kTile * ((p.seq_kv + kTile - 1) / kTile);
+    launchKernel(kernel, static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{1} << 30)), 256, currentStream(device),
+                 &params, 0, static_cast<unsigned>(std::min<int64_t>(p.batch * p.heads, 65535)));
+    return mask;
+  }
   KernelFunction kernel = cachedKernel(
       device, "meshfuse_dropout_mask", [] { return dropoutMaskSource(); }, "meshfuse_dropout_mask");
   // About 16 blocks a multiprocessor: every (batch, head) pair on the grid's y (up to its limit),

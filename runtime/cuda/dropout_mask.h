@@ -42,10 +42,20 @@ DataType dropoutMaskDataType(double dropout_p, DataType io, MaskWidth width);
 // mask, 1 for an exact mask.
 float dropoutScaleCorrection(double dropout_p, DataType mask_dtype);
 
+// How the mask's elements lie in memory. QueryMajor: row-major [batch, heads, seq_q, seq_kv], the
+// order cuDNN's forward reads. KeyMajor: [batch, heads, seq_kv, seq_q] memory (the tensor is its
+// permuted view), the order cuDNN's backward reads: it walks the transposed score tiles, so a
+// query-major mask costs it a 32-byte sector per 2-byte element. MESHFUSE_ATTENTION_BACKWARD_MASK=
+// key_major|query_major picks the backward's, read at each call (default query_major until the
+// key-major one has run on a GPU).
+enum class MaskOrder { QueryMajor, KeyMajor };
+MaskOrder backwardMaskOrderFromEnvironment();
+
 // A [batch, heads, seq_q, seq_kv] tensor of `dtype` on `device`: 0 where an element is dropped; where
-// it is kept, the keep scale 1 / (1 - p) rounded to `dtype` (Half, BFloat16, Float).
+// it is kept, the keep scale 1 / (1 - p) rounded to `dtype` (Half, BFloat16, Float). KeyMajor
+// returns the permuted view of a [batch, heads, seq_kv, seq_q] buffer.
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at = nullptr,
-                   const void* offset_at = nullptr);
+                   const void* offset_at = nullptr, MaskOrder order = MaskOrder::QueryMajor);
 
 // The forward's 0-dim Int outputs philox_seed and philox_offset on `device`, 16-byte aligned views
 // of one buffer written by a one-thread kernel on the current stream: one launch for both (a

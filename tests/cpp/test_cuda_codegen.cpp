@@ -842,6 +842,20 @@ TEST(DropoutMaskCodegen, TheWithdrawnByteWidthIsAClearError) {
   EXPECT_EQ(cuda::maskWidthFromEnvironment(), cuda::MaskWidth::Exact);
 }
 
+// The backward's mask order: query-major unless MESHFUSE_ATTENTION_BACKWARD_MASK says key_major; a
+// misspelt value is a clear error naming both.
+TEST(DropoutMaskCodegen, BackwardMaskOrderFollowsTheEnvironment) {
+  {
+    const testing::ScopedEnv unset("MESHFUSE_ATTENTION_BACKWARD_MASK", "");  // empty: as if unset
+    EXPECT_EQ(cuda::backwardMaskOrderFromEnvironment(), cuda::MaskOrder::QueryMajor);
+  }
+  const testing::ScopedEnv key("MESHFUSE_ATTENTION_BACKWARD_MASK", "key_major");
+  EXPECT_EQ(cuda::backwardMaskOrderFromEnvironment(), cuda::MaskOrder::KeyMajor);
+  const testing::ScopedEnv bad("MESHFUSE_ATTENTION_BACKWARD_MASK", "transposed");
+  expectUserErrorSaying([] { cuda::backwardMaskOrderFromEnvironment(); }, {"key_major", "query_major"},
+                        "MESHFUSE_ATTENTION_BACKWARD_MASK=transposed");
+}
+
 // The mask's value times cuDNN's dropout scale is the keep scale to float rounding: a narrow mask's
 // rounded scale is corrected, an exact mask's not at all.
 TEST(DropoutMaskCodegen, DropoutScaleCarriesWhatTheMaskDoesNot) {

@@ -1,8 +1,9 @@
 // The CUDA attention dropout mask (runtime/cuda/dropout_mask.h) element by element against the
 // stream drawn one element at a time on the CPU (philox::drawElement at the element's global index,
 // AttentionParams::dropoutIndex): rows whose length is odd (s_kv = 17, 1001) so that rows start and
-// end mid-counter, a sharded (batch, head) block, causal rows (0 past the diagonal), and every mask
-// dtype.
+// end mid-counter, a sharded (batch, head) block, causal rows (0 past the diagonal), every mask
+// dtype, and both memory orders (the key-major kernel's [64, 64] tiles: partial ones at both edges,
+// several along each axis).
 // Skipped without a GPU (the kernel's source compiles in test_cuda_codegen.cpp).
 #include <gtest/gtest.h>
 
@@ -38,39 +39,48 @@ TEST(CudaDropoutMask, EveryElementIsItsGlobalIndexsDraw) {
   const std::vector<Shape> shapes = {{2, 3, 9, 17, 0, 0, 3},
                                      {1, 2, 5, 1001, 1, 3, 7},  // a shard: batch 1, heads 3..4 of 7
                                      {1, 1, 64, 64, 0, 0, 1},
-                                     {2, 1, 33, 130, 0, 1, 2}};
+                                     {2, 1, 33, 130, 0, 1, 2},
+                                     {1, 2, 130, 71, 0, 0, 2}};
   for (const Shape& s : shapes)
     for (bool causal : {false, true})
-      for (DataType dtype : {DataType::Float, DataType::Half, DataType::BFloat16}) {
-        AttentionParams p;
-        p.batch = s.batch;
-        p.heads = s.heads;
-        p.seq_q = s.seq_q;
-        p.seq_kv = s.seq_kv;
-        p.batch_offset = s.batch_offset;
-        p.head_offset = s.head_offset;
-        p.global_heads = s.global_heads;
-        p.causal = causal;
-        p.dropout_p = 0.2;  // keep scale 1.25: exact in every mask dtype
-        p.seed = (1ull << 40) + 17;
-        p.offset = 12345;
-        SCOPED_TRACE("s_kv " + std::to_string(s.seq_kv) + (causal ? " causal " : " ") + toString(dtype));
-        const Tensor mask = cuda::dropoutMask(0, p, dtype).to(Device::cpu());
-        const float keep = 1.25f;  // the keep scale
-        int64_t differ = 0, kept = 0, e = 0;
-        for (int64_t b = 0; b < s.batch; ++b)
-          for (int64_t h = 0; h < s.heads; ++h)
-            for (int64_t i = 0; i < s.seq_q; ++i)
-              for (int64_t j = 0; j < s.seq_kv; ++j, ++e) {
-                const double u = philox::drawElement(p.dropoutIndex(b, h, i, j), p.offset, p.seed, false, false, 0, 1);
-                const bool want = (!causal || j <= i) && static_cast<float>(u) >= static_cast<float>(p.dropout_p);
-                const float got = maskValue(mask, e);
-                differ += (got != 0) != want || (want && got != keep);
-                kept += want;
-              }
-        EXPECT_EQ(differ, 0);
-        EXPECT_GT(kept, 0);
-      }
+      for (DataType dtype : {DataType::Float, DataType::Half, DataType::BFloat16})
+        for (cuda::MaskOrder order : {cuda::MaskOrder::QueryMajor, cuda::MaskOrder::KeyMajor}) {
+          AttentionParams p;
+          p.batch = s.batch;
+          p.heads = s.heads;
+          p.seq_q = s.seq_q;
+          p.seq_kv = s.seq_kv;
+          p.batch_offset = s.batch_offset;
+          p.head_offset = s.head_offset;
+          p.global_heads = s.global_heads;
+          p.causal = causal;
+          p.dropout_p = 0.2;  // keep scale 1.25: exact in every mask dtype
+          p.seed = (1ull << 40) + 17;
+          p.offset = 12345;
+          const bool key_major = order == cuda::MaskOrder::KeyMajor;
+          SCOPED_TRACE("s_q " + std::to_string(s.seq_q) + " s_kv " + std::to_string(s.seq_kv) +
+                       (causal ? " causal " : " ") + toString(dtype) + (key_major ? " key-major" : " query-major"));
+          const Tensor drawn = cuda::dropoutMask(0, p, dtype, nullptr, nullptr, order);
+          ASSERT_EQ(drawn.shape(), (std::vector<int64_t>{s.batch, s.heads, s.seq_q, s.seq_kv}));
+          // Key-major: the view of a [b, h, s_kv, s_q] buffer (a query's neighbour is the next element).
+          EXPECT_EQ(drawn.strides()[2] == 1, key_major);
+          const Tensor mask = drawn.contiguous().to(Device::cpu());
+          const float keep = 1.25f;  // the keep scale
+          int64_t differ = 0, kept = 0, e = 0;
+          for (int64_t b = 0; b < s.batch; ++b)
+            for (int64_t h = 0; h < s.heads; ++h)
+              for (int64_t i = 0; i < s.seq_q; ++i)
+                for (int64_t j = 0; j < s.seq_kv; ++j, ++e) {
+                  const double u =
+                      philox::drawElement(p.dropoutIndex(b, h, i, j), p.offset, p.seed, false, false, 0, 1);
+                  const bool want = (!causal || j <= i) && static_cast<float>(u) >= static_cast<float>(p.dropout_p);
+                  const float got = maskValue(mask, e);
+                  differ += (got != 0) != want || (want && got != keep);
+                  kept += want;
+                }
+          EXPECT_EQ(differ, 0);
+          EXPECT_GT(kept, 0);
+        }
 }
 
 // The forward's philox_seed and philox_offset outputs: two 0-dim Int views of one buffer, written by
