@@ -40,8 +40,39 @@ Tensor sliceView(const Tensor& x, const std::vector<int64_t>& starts, const std:
   return Tensor(x.storage(), offset, x.dtype(), out_shape, strides);
 }
 
+namespace {
+
+// The concatenation as a view of the parts' storage when they already lie end to end along `dim`
+// there (one storage, one dtype and strides, equal extents off `dim`, each part starting where the one
+// before it ends); undefined otherwise. Element c of part k along `dim` sits at part 0's offset plus
+// (the extents before k + c) times dim's stride, which is where the view puts it: the view reads
+// exactly the parts' elements. CUDA attention's backward writes dq, dk and dv so when q, k and v are
+// views of one fused projection (runtime/cuda/attention.cpp), and the transformer concatenates them.
+Tensor adjacentConcatenation(const std::vector<Tensor>& parts, int64_t dim, const std::vector<int64_t>& out_shape) {
+  const Tensor& first = parts.front();
+  if (!first.defined() || static_cast<int64_t>(out_shape.size()) != first.dim()) return {};
+  int64_t next = first.byteOffset();
+  for (const Tensor& p : parts) {
+    if (p.storage() != first.storage() || p.dtype() != first.dtype() || p.strides() != first.strides() ||
+        p.byteOffset() != next)
+      return {};
+    for (int64_t d = 0; d < p.dim(); ++d)
+      if (d != dim && p.size(d) != out_shape[d]) return {};
+    next += p.size(dim) * p.strides()[dim] * static_cast<int64_t>(p.itemsize());
+  }
+  return Tensor(first.storage(), first.byteOffset(), first.dtype(), out_shape, first.strides());
+}
+
+}  // namespace
+
 Tensor concatenate(const std::vector<Tensor>& parts, int64_t dim, const std::vector<int64_t>& out_shape) {
   if (parts.empty()) throw std::logic_error("concatenate: no tensors");
+  int64_t covered = 0;
+  for (const Tensor& p : parts) covered += p.size(dim);
+  if (covered == out_shape.at(dim) && parts.size() > 1) {
+    Tensor view = adjacentConcatenation(parts, dim, out_shape);
+    if (view.defined()) return view;
+  }
   Tensor out = Tensor::empty(out_shape, parts[0].dtype(), parts[0].device());
   int64_t at = 0;
   for (const Tensor& p : parts) {

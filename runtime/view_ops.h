@@ -1,6 +1,7 @@
 // The view-class ops on tensors of any device: broadcast_in_dim, slice and permute restride (no
-// copy); cat and stride_order copy into a fresh tensor (through Tensor::copyFrom, which runs the
-// strided copy kernel on CUDA). The CPU and CUDA view executors both call these.
+// copy); cat (unless its parts already lie end to end in one storage) and stride_order copy into a
+// fresh tensor (through Tensor::copyFrom, which runs the strided copy kernel on CUDA). The CPU and
+// CUDA view executors both call these.
 #pragma once
 #include <string>
 #include <vector>
@@ -16,7 +17,8 @@ Tensor broadcastInDimView(const Tensor& x, const std::vector<int64_t>& dims, con
 // x[starts[d] : starts[d] + steps[d] * out_shape[d] : steps[d]] on every axis d.
 Tensor sliceView(const Tensor& x, const std::vector<int64_t>& starts, const std::vector<int64_t>& steps,
                  const std::vector<int64_t>& out_shape);
-// The tensors laid end to end along `dim`, in a fresh contiguous tensor on their device.
+// The tensors laid end to end along `dim`: a view of their storage where they already lie so there,
+// else a fresh contiguous tensor on their device.
 Tensor concatenate(const std::vector<Tensor>& parts, int64_t dim, const std::vector<int64_t>& out_shape);
 // A copy of x whose axis i has the stride_order[i]-th smallest stride (nvFuser's convention:
 // {rank-1, ..., 1, 0} is row-major).

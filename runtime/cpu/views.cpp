@@ -1,5 +1,6 @@
 // View segments: permute, broadcast_in_dim and slice never copy (they restride the input);
-// reshape is a view of a contiguous input and a copy of any other; cat and stride_order copy.
+// reshape is a view of a contiguous input and a copy of any other; cat copies unless its parts lie end
+// to end in one storage (view_ops.h); stride_order copies.
 #include <stdexcept>
 
 #include "ops/shape_inference.h"

@@ -17,9 +17,11 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -88,12 +90,8 @@ cudnnHandle_t handleFor(int device) {
   return handles[device] = h;
 }
 
-// A built graph and the tensors its variant pack names.
-struct Built {
-  std::shared_ptr<fe::graph::Graph> graph;
-  std::map<std::string, TensorAttr> tensors;
-  int64_t workspace = 0;
-  bool strided_inputs = false;  // false: q, k, v (o, dO) are bound as dense copies
+// How a graph lays out what it writes and the mask it reads, beyond the inputs' strides.
+struct Layout {
   // The forward's o is written heads-inner ([b, s, h, d] in memory, a permuted [b, h, s, d] view):
   // the layout its consumer, the merge of the heads before the out-projection, reads as a plain
   // reshape, where a [b, h, s, d] result cost a copy (0.06 ms of the GPT-3 layer's forward on the
@@ -101,6 +99,22 @@ struct Built {
   bool o_heads_inner = false;
   // The backward's dropout mask is read key-major (dropout_mask.h's MaskOrder says why).
   bool mask_key_major = false;
+  // The backward writes dq, dk, dv with q's, k's and v's strides into one buffer laid out as theirs
+  // (gradientsLikeInputs): when q, k, v are views of one fused projection, the cat that joins their
+  // gradients is then a view (view_ops.h), not three copies (0.17 ms of the GPT-3 layer's backward
+  // on the H100).
+  bool grads_like_inputs = false;
+  auto tie() const { return std::make_tuple(o_heads_inner, mask_key_major, grads_like_inputs); }
+  bool operator==(const Layout& o) const { return tie() == o.tie(); }
+};
+
+// A built graph and the tensors its variant pack names.
+struct Built {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::map<std::string, TensorAttr> tensors;
+  int64_t workspace = 0;
+  bool strided_inputs = false;  // false: q, k, v (o, dO) are bound as dense copies
+  Layout layout;
 };
 
 // The strides of q, k, v (forward; also o and dO backward) as the call holds them, by name.
@@ -109,7 +123,7 @@ using InputStrides = std::map<std::string, std::vector<int64_t> >;
 // The last double: the dropout probability of a graph that draws its own mask (cuDNN's generator
 // takes it at build time), else 0.
 using Key = std::tuple<int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int,
-                       InputStrides, double, bool>;
+                       InputStrides, double, std::tuple<bool, bool, bool> >;
 
 std::vector<int64_t> rowMajor(const std::vector<int64_t>& dims) {
   std::vector<int64_t> strides(dims.size(), 1);
@@ -171,12 +185,12 @@ fe::DataType_t ioType(DataType dtype) {
 // `mask_dtype`: what the dropout mask holds (dropoutMaskDataType), when dropout is on and meshfuse
 // draws it; `cudnn_rng`: cuDNN draws it instead, from the "seed" and "offset" words.
 std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const AttentionParams& p, DataType dtype,
-                             const InputStrides* strides, DataType mask_dtype, bool cudnn_rng, bool o_heads_inner,
-                             bool mask_key_major) {
+                             const InputStrides* strides, DataType mask_dtype, bool cudnn_rng, const Layout& layout) {
   auto b = std::make_shared<Built>();
   b->strided_inputs = strides != nullptr;
-  b->o_heads_inner = forward && o_heads_inner;
-  b->mask_key_major = !forward && mask_key_major;
+  b->layout.o_heads_inner = forward && layout.o_heads_inner;
+  b->layout.mask_key_major = !forward && layout.mask_key_major;
+  b->layout.grads_like_inputs = !forward && strides != nullptr && layout.grads_like_inputs;
   b->graph = std::make_shared<fe::graph::Graph>();
   const fe::DataType_t io = ioType(dtype);
   const fe::DataType_t mask = mask_dtype == DataType::Float ? fe::DataType_t::FLOAT : io;
@@ -199,7 +213,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
     else if (dropout)
       attrs.set_dropout(tensor(*b, "mask", md, mask), byValue(*b, "dropout_scale"));
     auto [o, stats] = b->graph->sdpa(q, k, v, attrs);
-    output(*b, "o", o, od, io, b->o_heads_inner ? headsInner(od) : std::vector<int64_t>{});
+    output(*b, "o", o, od, io, b->layout.o_heads_inner ? headsInner(od) : std::vector<int64_t>{});
     output(*b, "stats", stats, sd, fe::DataType_t::FLOAT);
   } else {
     auto o = tensor(*b, "o", od, io, strides), dO = tensor(*b, "dO", od, io, strides);
@@ -212,13 +226,16 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
       attrs.set_dropout(static_cast<float>(p.dropout_p), deviceWord(*b, "seed"), deviceWord(*b, "offset"));
     else if (dropout) {
       const InputStrides mask_strides{{"mask", {p.heads * p.seq_kv * p.seq_q, p.seq_kv * p.seq_q, 1, p.seq_q}}};
-      attrs.set_dropout(tensor(*b, "mask", md, mask, b->mask_key_major ? &mask_strides : nullptr),
+      attrs.set_dropout(tensor(*b, "mask", md, mask, b->layout.mask_key_major ? &mask_strides : nullptr),
                         byValue(*b, "dropout_scale"), byValue(*b, "dropout_scale_inv"));
     }
     auto [dq, dk, dv] = b->graph->sdpa_backward(q, k, v, o, dO, stats, attrs);
-    output(*b, "dq", dq, qd, io);
-    output(*b, "dk", dk, kd, io);
-    output(*b, "dv", dv, vd, io);
+    const auto like = [&](const char* input) {
+      return b->layout.grads_like_inputs ? strides->at(input) : std::vector<int64_t>{};
+    };
+    output(*b, "dq", dq, qd, io, like("q"));
+    output(*b, "dk", dk, kd, io, like("k"));
+    output(*b, "dv", dv, vd, io, like("v"));
   }
   check(b->graph->validate(), "validate");
   check(b->graph->build_operation_graph(handle), "build_operation_graph");
@@ -241,7 +258,7 @@ int maskKey(const AttentionParams& p, DataType mask_dtype, bool cudnn_rng) {
 // dropoutMaskDataType's answer, read once per call.
 std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionParams& p, DataType dtype,
                                    DataType mask_dtype, const InputStrides& strides, bool cudnn_rng,
-                                   bool mask_key_major) {
+                                   const Layout& wanted) {
   static std::mutex mu;
   static std::map<Key, std::shared_ptr<Built> > cache;
   const Key key{device,
@@ -258,24 +275,25 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
                 maskKey(p, mask_dtype, cudnn_rng),
                 strides,
                 cudnn_rng ? p.dropout_p : 0.0,
-                mask_key_major};
+                wanted.tie()};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   // The layouts to try, most preferred first: strided inputs read in place, then dense copies;
-  // the forward's o heads-inner, then packed; the backward's mask key-major, then query-major. The
-  // last is not caught (cuDNN's error reaches the user).
-  std::vector<std::tuple<const InputStrides*, bool, bool> > layouts;
+  // the wanted output and mask layouts, then each given up (gradients like the inputs first, then
+  // o heads-inner, then the key-major mask). The last is not caught (cuDNN's error reaches the user).
+  std::vector<std::pair<const InputStrides*, Layout> > layouts;
   for (const InputStrides* in : {strides.empty() ? nullptr : &strides, static_cast<const InputStrides*>(nullptr)})
-    for (bool o_inner : {forward, false})
-      for (bool key_major : {mask_key_major, false})
-        if (std::find(layouts.begin(), layouts.end(), std::make_tuple(in, o_inner, key_major)) == layouts.end())
-          layouts.emplace_back(in, o_inner, key_major);
+    for (bool o_inner : {wanted.o_heads_inner, false})
+      for (bool key_major : {wanted.mask_key_major, false})
+        for (bool grads : {wanted.grads_like_inputs && in != nullptr, false}) {
+          const std::pair<const InputStrides*, Layout> layout{in, Layout{o_inner, key_major, grads}};
+          if (std::find(layouts.begin(), layouts.end(), layout) == layouts.end()) layouts.push_back(layout);
+        }
   std::shared_ptr<Built> built;
   for (size_t i = 0; i < layouts.size() && !built; ++i) {
     try {
-      const auto& [in, o_inner, key_major] = layouts[i];
-      built = build(handleFor(device), forward, p, dtype, in, mask_dtype, cudnn_rng, o_inner, key_major);
+      built = build(handleFor(device), forward, p, dtype, layouts[i].first, mask_dtype, cudnn_rng, layouts[i].second);
     } catch (const std::runtime_error&) {
       if (i + 1 == layouts.size()) throw;
     }
@@ -299,6 +317,38 @@ std::vector<int64_t> inPlaceStrides(const Tensor& t) {
   for (int d = 0; d < 3; ++d)  // an axis of extent 1 gets a canonical stride (it is never stepped)
     if (t.size(d) == 1) out[d] = 0;
   return out;
+}
+
+// One buffer for dq, dk, dv laid out as q, k, v are (Layout::grads_like_inputs): `elements` from the
+// lowest input's first element, which sits at `byte_offset` of the inputs' storage.
+struct GradientBuffer {
+  int64_t elements = 0;
+  int64_t byte_offset = 0;
+};
+
+// The buffer when q, k, v are cuDNN-readable views of one storage that share a shape and strides and
+// lie side by side within each of their rows (q's head dim, then k's, then v's, before the next row
+// at the smallest outer stride, as the heads of a fused qkv projection do), so that their gradients
+// can take the same places without touching one another's elements; none otherwise (self-attention
+// given one tensor as q and k, say).
+std::optional<GradientBuffer> gradientsLikeInputs(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const std::set<std::string>& in_place) {
+  for (const char* name : {"q", "k", "v"})
+    if (in_place.count(name) == 0) return std::nullopt;
+  if (k.storage() != q.storage() || v.storage() != q.storage() || k.shape() != q.shape() || v.shape() != q.shape() ||
+      k.strides() != q.strides() || v.strides() != q.strides() || q.dim() != 4)
+    return std::nullopt;
+  const auto item = static_cast<int64_t>(q.itemsize());
+  const int64_t row = q.size(3);  // contiguous (inPlaceStrides)
+  const int64_t dk = (k.byteOffset() - q.byteOffset()) / item, dv = (v.byteOffset() - q.byteOffset()) / item;
+  int64_t outer = std::numeric_limits<int64_t>::max(), extent = 1;
+  for (int64_t d = 0; d < 4; ++d) {
+    if (q.size(d) > 1 && d < 3) outer = std::min(outer, q.strides()[d]);
+    extent += (q.size(d) - 1) * q.strides()[d];
+  }
+  if (dk < row || dv - dk < row || dv + row > outer || (dk * item) % 16 != 0 || (dv * item) % 16 != 0)
+    return std::nullopt;
+  return GradientBuffer{dv + extent, q.byteOffset()};
 }
 
 int64_t readScalar(const Tensor& t) { return t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0]; }
@@ -340,7 +390,9 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   const bool cudnn_rng = dropout && attentionRngFromEnvironment() == AttentionRng::Cudnn;
   const bool explicit_mask = dropout && !cudnn_rng;
   const DataType mask_dtype = explicit_mask ? dropoutMaskDataType(p.dropout_p, dtype) : DataType::Float;
-  const bool mask_key_major = explicit_mask && !forward && backwardMaskOrderFromEnvironment() == MaskOrder::KeyMajor;
+  Layout wanted;
+  wanted.o_heads_inner = forward;
+  wanted.mask_key_major = explicit_mask && !forward && backwardMaskOrderFromEnvironment() == MaskOrder::KeyMajor;
   InputStrides strides;
   std::set<std::string> in_place;  // the inputs whose own layout the strided graph describes
   for (const auto& [name, index] : strided_inputs) {
@@ -349,7 +401,10 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     strides[name] = st.empty() ? rowMajor(tensors[index].shape()) : st;
   }
   if (in_place.empty()) strides.clear();  // every input dense: the plain graph
-  auto built = cachedGraph(device, forward, p, dtype, mask_dtype, strides, cudnn_rng, mask_key_major);
+  const std::optional<GradientBuffer> grads_buffer =
+      forward ? std::nullopt : gradientsLikeInputs(tensors[kBwdQ], tensors[kBwdK], tensors[kBwdV], in_place);
+  wanted.grads_like_inputs = grads_buffer.has_value();
+  auto built = cachedGraph(device, forward, p, dtype, mask_dtype, strides, cudnn_rng, wanted);
   cudnnHandle_t handle = handleFor(device);
   if (cudnnSetStream(handle, currentStream(device)) != CUDNN_STATUS_SUCCESS)
     throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
@@ -370,7 +425,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   if (explicit_mask) {
     // Bound as drawn: a key-major mask is a permuted view the graph's mask strides describe.
     keep.push_back(dropoutMask(device, p, mask_dtype, seed_at, offset_at,
-                               built->mask_key_major ? MaskOrder::KeyMajor : MaskOrder::QueryMajor));
+                               built->layout.mask_key_major ? MaskOrder::KeyMajor : MaskOrder::QueryMajor));
     pack[built->tensors.at("mask")] = keep.back().data();
     pack[built->tensors.at("dropout_scale")] = &dropout_scale;
     if (!forward) pack[built->tensors.at("dropout_scale_inv")] = &dropout_scale_inv;
@@ -402,7 +457,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     bind("q", tensors[kQ]);
     bind("k", tensors[kK]);
     bind("v", tensors[kV]);
-    Tensor o = built->o_heads_inner
+    Tensor o = built->layout.o_heads_inner
                    ? Tensor::empty({p.batch, p.seq_q, p.heads, p.head_dim_v}, dtype, dev).permute({0, 2, 1, 3})
                    : Tensor::empty({p.batch, p.heads, p.seq_q, p.head_dim_v}, dtype, dev);
     Tensor lse = Tensor::empty({p.batch, p.heads, p.seq_q}, DataType::Float, dev);
@@ -416,10 +471,15 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     bind("v", tensors[kBwdV]);
     bind("o", tensors[kBwdOut]);
     bind("stats", tensors[kBwdLse]);
-    for (const char* name : {"dq", "dk", "dv"}) {
-      const std::vector<int64_t> shape =
-          name[1] == 'q' ? tensors[kBwdQ].shape() : (name[1] == 'k' ? tensors[kBwdK].shape() : tensors[kBwdV].shape());
-      outputs.push_back(Tensor::empty(shape, dtype, dev));
+    // dq, dk, dv: views of one buffer laid out as q, k, v are where the graph writes them so, else
+    // three dense tensors.
+    const std::shared_ptr<Storage> shared =
+        built->layout.grads_like_inputs ? Tensor::empty({grads_buffer->elements}, dtype, dev).storage() : nullptr;
+    for (const auto& [name, index] : {std::pair<const char*, size_t>{"dq", kBwdQ}, {"dk", kBwdK}, {"dv", kBwdV}}) {
+      const Tensor& input = tensors[index];
+      outputs.push_back(
+          shared ? Tensor(shared, input.byteOffset() - grads_buffer->byte_offset, dtype, input.shape(), input.strides())
+                 : Tensor::empty(input.shape(), dtype, dev));
       pack[built->tensors.at(name)] = outputs.back().data();
     }
   }

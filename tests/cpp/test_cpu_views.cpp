@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/ops.h"
+#include "runtime/view_ops.h"
 #include "test_cpu_reference.h"
 
 namespace meshfuse {
@@ -85,6 +86,45 @@ TEST(CpuView, ViewsFeedAPointwiseSegment) {
     exec->run(seg, v, shapes);
   }
   testing::expectMatches(v.tensor(y), ref.at(y), "views then add");
+}
+
+// cat of parts that already lie end to end in one storage (the heads-interleaved q, k, v gradients
+// CUDA attention writes into one buffer) is a view of it; parts out of order, with a gap, or from two
+// storages are copied. Either way the values are the parts'.
+TEST(CpuView, CatOfPartsLyingEndToEndIsAView) {
+  const Tensor whole = randomTensor({2, 3, 4, 12}, DataType::Float, 6);  // [b, s, h, 3 dh]
+  const auto part = [&](const Tensor& from, int64_t i) { return from.slice(3, 4 * i, 4); };
+  const auto expectParts = [](const Tensor& cat, const std::vector<Tensor>& parts, const std::string& what) {
+    int64_t at = 0;
+    for (const Tensor& p : parts) {
+      const Tensor got = cat.slice(3, at, p.size(3)).contiguous(), want = p.contiguous();
+      EXPECT_EQ(std::vector<float>(got.dataAs<float>(), got.dataAs<float>() + got.numel()),
+                std::vector<float>(want.dataAs<float>(), want.dataAs<float>() + want.numel()))
+          << what;
+      at += p.size(3);
+    }
+  };
+  const std::vector<int64_t> shape{2, 3, 4, 12};
+  const std::vector<Tensor> in_order{part(whole, 0), part(whole, 1), part(whole, 2)};
+  const Tensor view = concatenate(in_order, 3, shape);
+  EXPECT_EQ(view.storage(), whole.storage());
+  EXPECT_EQ(view.data(), whole.data());
+  expectParts(view, in_order, "cat in order");
+  const std::vector<int64_t> two_shape{2, 3, 4, 8};
+  const Tensor tail_view = concatenate({part(whole, 1), part(whole, 2)}, 3, two_shape);  // from mid-row
+  EXPECT_EQ(tail_view.storage(), whole.storage());
+  expectParts(tail_view, {part(whole, 1), part(whole, 2)}, "cat of the last two");
+  const Tensor other = randomTensor({2, 3, 4, 12}, DataType::Float, 7);
+  const std::vector<std::pair<std::string, std::vector<Tensor> > > copied = {
+      {"out of order", {part(whole, 1), part(whole, 0), part(whole, 2)}},
+      {"with a gap", {part(whole, 0), part(whole, 2), part(whole, 2)}},
+      {"two storages", {part(whole, 0), part(other, 1), part(whole, 2)}}};
+  for (const auto& [what, parts] : copied) {
+    const Tensor cat = concatenate(parts, 3, shape);
+    EXPECT_NE(cat.storage(), whole.storage()) << what;
+    EXPECT_TRUE(cat.isContiguous()) << what;
+    expectParts(cat, parts, what);
+  }
 }
 
 TEST(CpuExecutor, ReportsCpuDevice) { EXPECT_EQ(makeCpuExecutor()->device(), Device::cpu()); }

@@ -46,6 +46,13 @@ def backward_fusion(shapes, dtype=F32, compute=None, dropout_p=0.0, is_causal=Fa
     return fd
 
 
+def heads_of_projection(fd, x):
+    """q, k, v of [b, h, s, d] as permuted slices of a fused [b, s, h, 3d] projection x."""
+    b, s, h, d3 = x.shape
+    d = d3 // 3
+    return [fd.ops.permute(fd.ops.slice(x, [0, 0, 0, i * d], [b, s, h, (i + 1) * d]), [0, 2, 1, 3]) for i in range(3)]
+
+
 SHAPES = [  # (b, h, s_q, s_kv, d)
     (2, 3, 17, 17, 32),
     (1, 2, 1, 1, 64),
@@ -116,8 +123,7 @@ def test_permuted_slices_of_one_projection(rng, dtype, causal):
     with FusionDefinition() as fd:
         x = fd.define_tensor([b, s, h, 3 * d], dtype=dtype)
         g = fd.define_tensor([b, s, h, d], dtype=dtype)
-        q, k, v = (fd.ops.permute(fd.ops.slice(x, [0, 0, 0, i * d], [b, s, h, (i + 1) * d]), [0, 2, 1, 3])
-                   for i in range(3))
+        q, k, v = heads_of_projection(fd, x)
         go = fd.ops.permute(g, [0, 2, 1, 3])
         out, lse, seed, offset = fd.ops.sdpfa_fwd(q, k, v, is_causal=causal)
         for t in (out, *fd.ops.sdpfa_bwd(go, q, k, v, out, lse, 0.0, causal, seed, offset)):
@@ -345,14 +351,17 @@ def test_cuda_forward_output_is_heads_inner_so_merging_heads_is_a_view(rng):
 @pytest.mark.parametrize("shape", [(2, 3, 64, 64, 64), (2, 3, 200, 330, 64), (1, 2, 130, 70, 128)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("width", ["narrow", "exact"])
-def test_cuda_dropout_forward_and_backward_match_float64(shape, p, causal, width, monkeypatch):
+@pytest.mark.parametrize("order", ["query_major", "key_major"])
+def test_cuda_dropout_forward_and_backward_match_float64(shape, p, causal, width, order, monkeypatch):
     # cuDNN applies meshfuse's Philox mask (its custom-mask input) in each MESHFUSE_ATTENTION_MASK
     # width: the keep scale rounded to bf16 (narrow) or exactly (exact: fp32 where bf16 rounds it), the
-    # rest of the scale through cuDNN's dropout scale. Out and every gradient match the float64
-    # reference built with the mask the returned seed and offset imply. (A one-byte 0/1 mask failed
-    # exactly this test on the H100, dV = 0: runtime/cuda/dropout_mask.h.)
+    # rest of the scale through cuDNN's dropout scale; the backward's mask in either memory order
+    # (MESHFUSE_ATTENTION_BACKWARD_MASK). Out and every gradient match the float64 reference built
+    # with the mask the returned seed and offset imply. (A one-byte 0/1 mask failed exactly this
+    # test on the H100, dV = 0: runtime/cuda/dropout_mask.h.)
     import torch
     monkeypatch.setenv("MESHFUSE_ATTENTION_MASK", width)
+    monkeypatch.setenv("MESHFUSE_ATTENTION_BACKWARD_MASK", order)
     rng = np.random.default_rng(22)
     b, h, sq, skv, d = shape
     q, k, v = qkv(rng, b, h, sq, skv, d)
@@ -368,6 +377,48 @@ def test_cuda_dropout_forward_and_backward_match_float64(shape, p, causal, width
     for name, got, want in zip("qkv", res[4:], attention_grad_reference(rq, rk, rv, rgo, causal, keep=keep, p=p)):
         err = np.abs(got.double().cpu().numpy() - want).max() / max(1.0, np.abs(want).max())
         assert err < 1.5e-2, f"grad_{name}: max error {err:.3g} of the largest gradient"
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cuda_gradients_of_one_projection_land_in_one_buffer_so_their_cat_is_a_view(causal):
+    """q, k, v as permuted slices of one [b, s, h, 3d] projection, as the transformer feeds them:
+    cuDNN writes dq, dk, dv with their strides into one buffer laid out as the projection, so the
+    cat that joins them into the projection's gradient is a view of it (no copies), and its values
+    match float64 (dropout on, the backward's mask in both orders)."""
+    import torch
+    b, s, h, d, p = 2, 40, 3, 64, 0.1
+    rng = np.random.default_rng(31)
+    fused = rng.standard_normal([b, s, h, 3 * d]).astype(np.float32)
+    go = rng.standard_normal([b, h, s, d]).astype(np.float32)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([b, s, h, 3 * d], dtype=BF16)
+        g = fd.define_tensor([b, h, s, d], dtype=BF16)
+        q, k, v = heads_of_projection(fd, x)
+        out, lse, seed, offset = fd.ops.sdpfa_fwd(q, k, v, dropout_p=p, is_causal=causal)
+        grads = fd.ops.sdpfa_bwd(g, q, k, v, out, lse, p, causal, seed, offset)
+        for t in (seed, offset, *grads):
+            fd.add_output(t)
+        fd.add_output(fd.ops.cat([fd.ops.permute(t, [0, 2, 1, 3]) for t in grads], 3))
+    cuda_in = [torch.from_numpy(a).to(torch.bfloat16).cuda() for a in (fused, go)]
+    heads = cuda_in[0].double().cpu().numpy().transpose(0, 2, 1, 3)
+    rq, rk, rv = heads[..., :d], heads[..., d:2 * d], heads[..., 2 * d:]
+    for order in ("key_major", "query_major"):
+        os.environ["MESHFUSE_ATTENTION_BACKWARD_MASK"] = order
+        try:
+            seed_t, offset_t, dq, dk, dv, dqkv = fd.execute(cuda_in)
+        finally:
+            del os.environ["MESHFUSE_ATTENTION_BACKWARD_MASK"]
+        assert dqkv.shape == (b, s, h, 3 * d) and dqkv.is_contiguous()
+        assert dqkv.data_ptr() == dq.data_ptr(), "the cat copied: dq, dk, dv were not written side by side"
+        assert dk.data_ptr() == dq.data_ptr() + 2 * d and dq.stride() == cuda_in[0].permute(0, 2, 1, 3).stride()
+        keep = dropout_keep([b, h, s, s], seed_t, offset_t, p)
+        want = attention_grad_reference(rq, rk, rv, cuda_in[1].double().cpu().numpy(), causal, keep=keep, p=p)
+        got = dqkv.double().cpu().numpy()
+        for i, (name, ref) in enumerate(zip("qkv", want)):
+            part = got[..., i * d:(i + 1) * d].transpose(0, 2, 1, 3)
+            err = np.abs(part - ref).max() / max(1.0, np.abs(ref).max())
+            assert err < 1.5e-2, f"{order}: grad_{name} max error {err:.3g} of the largest gradient"
 
 
 @pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
