@@ -182,22 +182,28 @@ MESHFUSE_SIMD_CLONES void scoreGradTile(int64_t i0, int64_t bq, int64_t bk, cons
   }
 }
 
-// x [rows, cols] as [cols, rows]. A product with a key tile transposed (S = Q K^T, dP = dO V^T)
+// x [rows, cols] (row stride ld) as a dense [cols, rows]. A product with a key tile transposed (S = Q K^T, dP = dO V^T)
 // then runs as a plain NN product of K^T's or V^T's columns: OpenBLAS 0.3.21 takes its small-matrix
 // kernel for NN at the tile shapes (64 x 128 x 64: 7-8 us) and its general, packing path for NT
 // (10-14 us), on this Xeon. One transposition per head (OpenBLAS's omatcopy: 8 us for [512, 64],
 // a blocked loop took 21-25), against O(s^2 d) of products.
-AlignedVector<float> transposed(const float* x, int64_t rows, int64_t cols) {
+AlignedVector<float> transposed(const float* x, int64_t rows, int64_t cols, int64_t ld) {
   AlignedVector<float> t(static_cast<size_t>(rows * cols));
   cblas_somatcopy(CblasRowMajor, CblasTrans, static_cast<int>(rows), static_cast<int>(cols), 1.0f, x,
-                  static_cast<int>(cols), t.data(), static_cast<int>(rows));
+                  static_cast<int>(ld), t.data(), static_cast<int>(rows));
   return t;
 }
-AlignedVector<double> transposed(const double* x, int64_t rows, int64_t cols) {
+AlignedVector<double> transposed(const double* x, int64_t rows, int64_t cols, int64_t ld) {
   AlignedVector<double> t(static_cast<size_t>(rows * cols));
   cblas_domatcopy(CblasRowMajor, CblasTrans, static_cast<int>(rows), static_cast<int>(cols), 1.0, x,
-                  static_cast<int>(cols), t.data(), static_cast<int>(rows));
+                  static_cast<int>(ld), t.data(), static_cast<int>(rows));
   return t;
+}
+
+// Zeroes `rows` rows of `cols` elements, `ld` apart.
+template <typename T>
+void zeroRows(T* x, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(x + r * ld, x + r * ld + cols, T(0));
 }
 
 }  // namespace
@@ -212,7 +218,7 @@ void attentionForwardHead(const AttentionParams& p, const HeadPointers<T>& head)
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   AlignedVector<T> s(kTileQ * kTileK), z(dropout ? kTileQ * kTileK : 0), acc(values ? kTileQ * dv : 0);
   AlignedVector<T> m(kTileQ), l(kTileQ);
-  const AlignedVector<T> kt = transposed(head.k, skv, d);
+  const AlignedVector<T> kt = transposed(head.k, skv, d, head.ldk);
   for (int64_t i0 = 0; i0 < sq; i0 += kTileQ) {
     const int64_t bq = std::min(kTileQ, sq - i0);
     std::fill(m.begin(), m.end(), kNegInf);
@@ -222,18 +228,19 @@ void attentionForwardHead(const AttentionParams& p, const HeadPointers<T>& head)
     const int64_t j_end = p.causal ? std::min(skv, i0 + bq) : skv;
     for (int64_t j0 = 0; j0 < j_end; j0 += kTileK) {
       const int64_t bk = std::min(kTileK, j_end - j0);
-      gemm(false, false, bq, bk, d, scale, head.q + i0 * d, d, kt.data() + j0, skv, T(0), s.data(), bk);
+      gemm(false, false, bq, bk, d, scale, head.q + i0 * head.ldq, head.ldq, kt.data() + j0, skv, T(0), s.data(), bk);
       if (dropout) dropoutTile(p, head.b, head.h, i0, j0, bq, bk, z.data());
       onlineSoftmaxTile<T>(p, i0, j0, bq, bk, dv, s.data(), dropout ? z.data() : nullptr, m.data(), l.data(),
                            values ? acc.data() : nullptr);
       // The normalizer l sums the probabilities before dropout; the values see the dropped ones.
-      if (values) gemm(false, false, bq, dv, bk, T(1), s.data(), bk, head.v + j0 * dv, dv, T(1), acc.data(), dv);
+      if (values)
+        gemm(false, false, bq, dv, bk, T(1), s.data(), bk, head.v + j0 * head.ldv, head.ldv, T(1), acc.data(), dv);
     }
     for (int64_t r = 0; r < bq; ++r) {
       head.lse[i0 + r] = m[r] + std::log(l[r]);
       if (!values) continue;
       const T inv = T(1) / l[r];
-      for (int64_t c = 0; c < dv; ++c) head.o[(i0 + r) * dv + c] = acc[r * dv + c] * inv;
+      for (int64_t c = 0; c < dv; ++c) head.o[(i0 + r) * head.ldo + c] = acc[r * dv + c] * inv;
     }
   }
 }
@@ -249,24 +256,24 @@ void attentionBackwardHead(const AttentionParams& p, const HeadPointers<T>& head
       z(dropout ? kTileQ * kTileK : 0), dsum(sq);
   for (int64_t i = 0; i < sq; ++i) {
     T acc = 0;
-    for (int64_t c = 0; c < dv; ++c) acc += g.grad_out[i * dv + c] * g.out[i * dv + c];
+    for (int64_t c = 0; c < dv; ++c) acc += g.grad_out[i * g.ld_grad_out + c] * g.out[i * g.ld_out + c];
     dsum[i] = acc;
   }
-  const AlignedVector<T> kt = transposed(head.k, skv, d), vt = transposed(head.v, skv, dv);
-  std::fill(g.grad_q, g.grad_q + sq * d, T(0));
-  std::fill(g.grad_k, g.grad_k + skv * d, T(0));
-  std::fill(g.grad_v, g.grad_v + skv * dv, T(0));
+  const AlignedVector<T> kt = transposed(head.k, skv, d, head.ldk), vt = transposed(head.v, skv, dv, head.ldv);
+  zeroRows(g.grad_q, sq, d, g.ld_grad_q);
+  zeroRows(g.grad_k, skv, d, g.ld_grad_k);
+  zeroRows(g.grad_v, skv, dv, g.ld_grad_v);
   for (int64_t j0 = 0; j0 < skv; j0 += kTileK) {
     const int64_t bk = std::min(kTileK, skv - j0);
-    T* dk = g.grad_k + j0 * d;
-    T* dvv = g.grad_v + j0 * dv;
+    T* dk = g.grad_k + j0 * g.ld_grad_k;
+    T* dvv = g.grad_v + j0 * g.ld_grad_v;
     // Causal: queries before j0 see none of these keys.
     for (int64_t i0 = p.causal ? j0 : 0; i0 < sq; i0 += kTileQ) {
       const int64_t bq = std::min(kTileQ, sq - i0);
       // Causal: the tile's keys past its last query are masked for all of its rows, so the products
       // stop there (the diagonal query tile of a key tile twice as wide does half the work).
       const int64_t kv = p.causal ? std::min(bk, i0 + bq - j0) : bk;
-      gemm(false, false, bq, kv, d, scale, head.q + i0 * d, d, kt.data() + j0, skv, T(0), s.data(), kv);
+      gemm(false, false, bq, kv, d, scale, head.q + i0 * head.ldq, head.ldq, kt.data() + j0, skv, T(0), s.data(), kv);
       probabilitiesFromLse<T>(p, i0, j0, bq, kv, head.lse, s.data());
       const T* probs = s.data();
       if (dropout) {
@@ -274,11 +281,13 @@ void attentionBackwardHead(const AttentionParams& p, const HeadPointers<T>& head
         multiplyInto<T>(s.data(), z.data(), bq * kv, pd.data());
         probs = pd.data();
       }
-      gemm(true, false, kv, dv, bq, T(1), probs, kv, g.grad_out + i0 * dv, dv, T(1), dvv, dv);
-      gemm(false, false, bq, kv, dv, T(1), g.grad_out + i0 * dv, dv, vt.data() + j0, skv, T(0), dp.data(), kv);
+      const T* go = g.grad_out + i0 * g.ld_grad_out;
+      gemm(true, false, kv, dv, bq, T(1), probs, kv, go, g.ld_grad_out, T(1), dvv, g.ld_grad_v);
+      gemm(false, false, bq, kv, dv, T(1), go, g.ld_grad_out, vt.data() + j0, skv, T(0), dp.data(), kv);
       scoreGradTile<T>(i0, bq, kv, s.data(), dropout ? z.data() : nullptr, dsum.data(), dp.data());  // dS
-      gemm(true, false, kv, d, bq, scale, dp.data(), kv, head.q + i0 * d, d, T(1), dk, d);
-      gemm(false, false, bq, d, kv, scale, dp.data(), kv, head.k + j0 * d, d, T(1), g.grad_q + i0 * d, d);
+      gemm(true, false, kv, d, bq, scale, dp.data(), kv, head.q + i0 * head.ldq, head.ldq, T(1), dk, g.ld_grad_k);
+      gemm(false, false, bq, d, kv, scale, dp.data(), kv, head.k + j0 * head.ldk, head.ldk, T(1),
+           g.grad_q + i0 * g.ld_grad_q, g.ld_grad_q);
     }
   }
 }

@@ -17,7 +17,6 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +25,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "runtime/attention_layout.h"
 #include "runtime/cuda/attention_rng.h"
 #include "runtime/cuda/dropout_mask.h"
 #include "runtime/cuda/streams.h"
@@ -319,36 +319,15 @@ std::vector<int64_t> inPlaceStrides(const Tensor& t) {
   return out;
 }
 
-// One buffer for dq, dk, dv laid out as q, k, v are (Layout::grads_like_inputs): `elements` from the
-// lowest input's first element, which sits at `byte_offset` of the inputs' storage.
-struct GradientBuffer {
-  int64_t elements = 0;
-  int64_t byte_offset = 0;
-};
-
-// The buffer when q, k, v are cuDNN-readable views of one storage that share a shape and strides and
-// lie side by side within each of their rows (q's head dim, then k's, then v's, before the next row
-// at the smallest outer stride, as the heads of a fused qkv projection do), so that their gradients
-// can take the same places without touching one another's elements; none otherwise (self-attention
-// given one tensor as q and k, say).
+// The gradients' buffer (attention_layout.h) when cuDNN reads q, k, v in place and can write its
+// outputs at their places (16-byte aligned).
 std::optional<GradientBuffer> gradientsLikeInputs(const Tensor& q, const Tensor& k, const Tensor& v,
                                                   const std::set<std::string>& in_place) {
   for (const char* name : {"q", "k", "v"})
     if (in_place.count(name) == 0) return std::nullopt;
-  if (k.storage() != q.storage() || v.storage() != q.storage() || k.shape() != q.shape() || v.shape() != q.shape() ||
-      k.strides() != q.strides() || v.strides() != q.strides() || q.dim() != 4)
-    return std::nullopt;
-  const auto item = static_cast<int64_t>(q.itemsize());
-  const int64_t row = q.size(3);  // contiguous (inPlaceStrides)
-  const int64_t dk = (k.byteOffset() - q.byteOffset()) / item, dv = (v.byteOffset() - q.byteOffset()) / item;
-  int64_t outer = std::numeric_limits<int64_t>::max(), extent = 1;
-  for (int64_t d = 0; d < 4; ++d) {
-    if (q.size(d) > 1 && d < 3) outer = std::min(outer, q.strides()[d]);
-    extent += (q.size(d) - 1) * q.strides()[d];
-  }
-  if (dk < row || dv - dk < row || dv + row > outer || (dk * item) % 16 != 0 || (dv * item) % 16 != 0)
-    return std::nullopt;
-  return GradientBuffer{dv + extent, q.byteOffset()};
+  for (const Tensor* t : {&k, &v})
+    if ((t->byteOffset() - q.byteOffset()) % 16 != 0) return std::nullopt;
+  return gradientBufferLike(q, k, v);
 }
 
 int64_t readScalar(const Tensor& t) { return t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0]; }
@@ -473,15 +452,11 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
     bind("stats", tensors[kBwdLse]);
     // dq, dk, dv: views of one buffer laid out as q, k, v are where the graph writes them so, else
     // three dense tensors.
-    const std::shared_ptr<Storage> shared =
-        built->layout.grads_like_inputs ? Tensor::empty({grads_buffer->elements}, dtype, dev).storage() : nullptr;
-    for (const auto& [name, index] : {std::pair<const char*, size_t>{"dq", kBwdQ}, {"dk", kBwdK}, {"dv", kBwdV}}) {
-      const Tensor& input = tensors[index];
-      outputs.push_back(
-          shared ? Tensor(shared, input.byteOffset() - grads_buffer->byte_offset, dtype, input.shape(), input.strides())
-                 : Tensor::empty(input.shape(), dtype, dev));
-      pack[built->tensors.at(name)] = outputs.back().data();
-    }
+    if (built->layout.grads_like_inputs)
+      outputs = gradientViews(*grads_buffer, tensors[kBwdQ], tensors[kBwdK], tensors[kBwdV], dtype, dev);
+    else
+      for (size_t index : {kBwdQ, kBwdK, kBwdV}) outputs.push_back(Tensor::empty(tensors[index].shape(), dtype, dev));
+    for (size_t i = 0; i < 3; ++i) pack[built->tensors.at(std::string("d") + "qkv"[i])] = outputs[i].data();
   }
   // Workspace from the caching allocator (as int64 words), freed back to it after the call is queued.
   Tensor workspace = Tensor::empty({(built->workspace + 7) / 8}, DataType::Int, dev);

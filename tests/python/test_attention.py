@@ -149,6 +149,41 @@ def test_permuted_slices_of_one_projection(rng, dtype, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+def test_cpu_heads_of_one_projection_merge_and_concatenate_as_views(causal):
+    """On the CPU, as on CUDA: q, k, v as heads of one [b, s, h, 3d] projection are read in place;
+    o is written heads-inner, so merging its heads is a view; dq, dk, dv are written at q's, k's and
+    v's places in one buffer, so their cat (the projection's gradient) is a view too. Values against
+    float64 with dropout on."""
+    b, s, h, d, p = 2, 37, 3, 24, 0.1
+    rng = np.random.default_rng(5)
+    fused = rng.standard_normal([b, s, h, 3 * d]).astype(np.float32)
+    go = rng.standard_normal([b, h, s, d]).astype(np.float32)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([b, s, h, 3 * d])
+        g = fd.define_tensor([b, h, s, d])
+        q, k, v = heads_of_projection(fd, x)
+        out, lse, seed, offset = fd.ops.sdpfa_fwd(q, k, v, dropout_p=p, is_causal=causal)
+        grads = fd.ops.sdpfa_bwd(g, q, k, v, out, lse, p, causal, seed, offset)
+        for t in (seed, offset, out, fd.ops.reshape(fd.ops.permute(out, [0, 2, 1, 3]), [b, s, h * d]), *grads):
+            fd.add_output(t)
+        fd.add_output(fd.ops.cat([fd.ops.permute(t, [0, 2, 1, 3]) for t in grads], 3))
+    seed_t, offset_t, o, merged, dq, dk, dv, dqkv = fd.execute([fused, go])
+    address = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+    assert o.strides == (4 * s * h * d, 4 * d, 4 * h * d, 4), o.strides
+    assert address(merged) == address(o) and merged.flags["C_CONTIGUOUS"]
+    assert address(dqkv) == address(dq) and address(dk) == address(dq) + 4 * d and dqkv.flags["C_CONTIGUOUS"]
+    heads = fused.astype(np.float64).transpose(0, 2, 1, 3)
+    rq, rk, rv = heads[..., :d], heads[..., d:2 * d], heads[..., 2 * d:]
+    keep = dropout_keep([b, h, s, s], seed_t, offset_t, p)
+    ref_out, _, _ = attention_reference(rq, rk, rv, causal, keep=keep, p=p)
+    np.testing.assert_allclose(merged, ref_out.transpose(0, 2, 1, 3).reshape(b, s, h * d), rtol=1e-4, atol=1e-4)
+    want = attention_grad_reference(rq, rk, rv, go.astype(np.float64), causal, keep=keep, p=p)
+    for i, (got, ref) in enumerate(zip((dq, dk, dv), want)):
+        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-3 * max(1.0, np.abs(ref).max()))
+        np.testing.assert_array_equal(dqkv[..., i * d:(i + 1) * d], got.transpose(0, 2, 1, 3))
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_backward_central_finite_differences_float64(rng, causal):
     b, h, sq, skv, d = 1, 2, 5, 7, 4
     q, k, v = (x.astype(np.float64) for x in qkv(rng, b, h, sq, skv, d))
