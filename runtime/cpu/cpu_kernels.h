@@ -8,6 +8,14 @@ namespace meshfuse::cpu {
 void runPointwise(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runReduction(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runNormalization(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
+// How many stages of a normalization's elementwise steps (one per inner reduction, and the last)
+// have been compiled into one loop each, and how many were left interpreted although
+// MESHFUSE_CPU_CODEGEN asked for a compile (an op without generated form, a failed compile), since
+// the process started: the tests' evidence of which path ran.
+struct NormalizationCodegenCounts {
+  int64_t compiled = 0, interpreted = 0;
+};
+NormalizationCodegenCounts normalizationCodegenCounts();
 void runMatmul(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runView(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runAttention(const Segment& seg, ValueMap& values, const ShapeMap& shapes);

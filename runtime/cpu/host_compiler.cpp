@@ -158,6 +158,11 @@ CodegenMode codegenModeFromEnvironment() {
   throw std::invalid_argument("MESHFUSE_CPU_CODEGEN must be auto, always or off, got '" + mode + "'");
 }
 
+bool codegenWanted(int64_t work) {
+  const CodegenMode mode = codegenModeFromEnvironment();
+  return mode == CodegenMode::Always || (mode == CodegenMode::Auto && work >= kCodegenMinWork);
+}
+
 TileKernel compiledTileKernel(const std::string& source, const char* symbol) {
   static std::mutex mutex;
   static std::unordered_map<std::string, TileKernel> loaded;  // by source; nullptr: failed before

@@ -20,6 +20,13 @@ enum class CodegenMode { Off, Auto, Always };
 // MESHFUSE_CPU_CODEGEN, read at each call (a test process switches it); an unknown value throws.
 CodegenMode codegenModeFromEnvironment();
 
+// Whether MESHFUSE_CPU_CODEGEN asks to compile a program of `work` element-ops per call (elements
+// times steps). "auto" compiles from kCodegenMinWork: the transformer layer's [512, 1024] five-op
+// pointwise chains and up. A compile takes about 0.3 s once per machine; small programs, most of
+// the tests', stay interpreted.
+inline constexpr int64_t kCodegenMinWork = int64_t{1} << 21;
+bool codegenWanted(int64_t work);
+
 using TileKernel = void (*)(const float* const* in, float* const* out, long n);
 
 // The kernel `symbol` of `source`, compiled (or found in the caches), or nullptr where the compiler

@@ -33,10 +33,6 @@ namespace {
 constexpr int64_t kTile = 1024;                  // the most elements per tile (tileLength)
 constexpr int64_t kParallelThreshold = 1 << 15;  // below this many elements threads cost more than they save
 constexpr int64_t kMaxRank = 16;                 // gatherTile's index array
-// MESHFUSE_CPU_CODEGEN=auto compiles a program when it has at least this many element-ops per call
-// (elements times steps): the layer's [512, 1024] five-op backward chains and up. A compile takes
-// about 0.3 s once per machine (host_compiler.h); small programs, most of the tests', stay interpreted.
-constexpr int64_t kCodegenMinWork = 1 << 21;
 
 enum class ComputeType { Float32, Float64, Int64 };
 
@@ -241,9 +237,7 @@ void packSlots(Program& p) {
 // compute in float and the program is large enough; leaves the interpreter to run them otherwise.
 void attachKernel(Program& p) {
   if (p.compute != ComputeType::Float32) return;
-  const CodegenMode mode = codegenModeFromEnvironment();
-  const int64_t work = numelOf(p.shape) * static_cast<int64_t>(p.steps.size());
-  if (mode == CodegenMode::Off || (mode == CodegenMode::Auto && work < kCodegenMinWork)) return;
+  if (!codegenWanted(numelOf(p.shape) * static_cast<int64_t>(p.steps.size()))) return;
   TileProgram tp;
   tp.num_slots = p.num_slots;
   for (const Load& l : p.loads) tp.input_slots.push_back(l.slot);
@@ -264,9 +258,7 @@ void attachKernel(Program& p) {
     tp.steps.push_back(t);
   }
   for (const Store& st : p.stores) tp.final_outputs.push_back(st.slot);
-  const std::optional<std::string> source = tileKernelSource(tp);
-  if (!source) return;
-  p.kernel = compiledTileKernel(*source, kTileKernelSymbol);
+  p.kernel = compiledTileProgram(tp);
   if (p.kernel != nullptr) p.drawn = std::move(drawn);
 }
 

@@ -1,5 +1,6 @@
 // CPU codegen (runtime/cpu/pointwise_codegen.h, host_compiler.h): generated tile kernels compile
-// with the host's compiler, are cached on disk, and compute what the interpreter does. ctest also
+// with the host's compiler, are cached on disk, and compute what the interpreter does, for
+// pointwise segments and for the rows of normalization segments. ctest also
 // reruns the CpuPointwise and CpuRandom suites with MESHFUSE_CPU_CODEGEN=always
 // (tests/CMakeLists.txt), which checks every expressible op against the float64 reference.
 #include <gtest/gtest.h>
@@ -14,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "norm_fusions.h"
 #include "ops/ops.h"
+#include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/fast_exp.h"
 #include "runtime/cpu/host_compiler.h"
 #include "runtime/cpu/pointwise_codegen.h"
@@ -165,6 +168,70 @@ TEST(CpuCodegen, AutoCompilesALargeChainThatMatchesTheReference) {
   v.tensors[dy] = testing::randomTensor(dy->shape(), DataType::Float, 8);
   testing::checkAgainstReference(f, Segment::Kind::Pointwise, v, "gelu backward, compiled");
   EXPECT_EQ(countObjects(dir), 1U) << "auto did not compile a 256 x 1024, 17-op chain";
+  fs::remove_all(dir);
+}
+
+// Normalization segments (runtime/cpu/normalization.cpp) compile each stage of a row (its
+// elementwise steps with the reduction that ends it and any outer-reduction accumulations) into one
+// loop: every norm, forward and backward, at row lengths with a partial block of 16 (37, 1000) and
+// over more than one 4096-element chunk (5000), against the float64 reference.
+TEST(CpuCodegen, NormalizationStagesCompileAndMatchTheReference) {
+  const fs::path dir = freshCacheDir("norms");
+  const ScopedEnv cache("MESHFUSE_CACHE_DIR", dir.string());
+  const ScopedEnv mode("MESHFUSE_CPU_CODEGEN", "always");
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{53, 37}, {19, 1000}, {5, 5000}};
+  uint64_t seed = 40;
+  for (testing_norms::Norm norm : testing_norms::kAllNorms) {
+    for (const auto& [rows, row] : shapes) {
+      Fusion f;
+      ValueMap v;
+      auto input = [&](DataType dt, std::vector<int64_t> shape, double lo, double hi) {
+        TensorView* tv = f.newTensor(dt, shape);
+        f.addInput(tv);
+        v.tensors[tv] = testing::randomTensor(shape, dt, seed++, lo, hi);
+        return tv;
+      };
+      for (TensorView* out : testing_norms::defineNorm(norm, f, DataType::Float, rows, row, input)) f.addOutput(out);
+      const cpu::NormalizationCodegenCounts before = cpu::normalizationCodegenCounts();
+      const std::string what =
+          testing_norms::toString(norm) + " [" + std::to_string(rows) + ", " + std::to_string(row) + "]";
+      testing::checkAgainstReference(f, Segment::Kind::Normalization, v, what + ", compiled");
+      const cpu::NormalizationCodegenCounts after = cpu::normalizationCodegenCounts();
+      EXPECT_GE(after.compiled - before.compiled, 2) << what << ": the row's stages did not run compiled";
+      EXPECT_EQ(after.interpreted, before.interpreted) << what;
+    }
+  }
+  EXPECT_GE(countObjects(dir), 5U);
+  fs::remove_all(dir);
+}
+
+// A stage with an op that has no generated form (pow) runs interpreted, the others compiled, and
+// the whole still matches the reference; with MESHFUSE_CPU_CODEGEN=off nothing compiles.
+TEST(CpuCodegen, NormalizationStageWithoutAGeneratedFormIsInterpreted) {
+  const fs::path dir = freshCacheDir("norm-pow");
+  const ScopedEnv cache("MESHFUSE_CACHE_DIR", dir.string());
+  Fusion f;
+  TensorView* x = f.newTensor(DataType::Float, {24, 1000});
+  TensorView* w = f.newTensor(DataType::Float, {1000});
+  f.addInput(x);
+  f.addInput(w);
+  const auto k = [&](double value) { return f.newScalar(DataType::Double, value); };
+  // RMSNorm written with pow: stage 1 (pow, then the mean) has no generated form; stage 2 has.
+  TensorView* ms = ops::reduction(OpType::Mean, ops::binary(OpType::Pow, x, k(2.0)), {1}, false);
+  TensorView* rstd = ops::unary(OpType::Rsqrt, ops::binary(OpType::Add, ms, k(1e-6)));
+  f.addOutput(ops::binary(OpType::Mul, ops::binary(OpType::Mul, x, ops::broadcastInDim(rstd, {24, 1000}, {0})), w));
+  ValueMap v;
+  v.tensors[x] = testing::randomTensor(x->shape(), DataType::Float, 50);
+  v.tensors[w] = testing::randomTensor(w->shape(), DataType::Float, 51, 0.5, 1.5);
+  for (const char* setting : {"always", "off"}) {
+    const ScopedEnv mode("MESHFUSE_CPU_CODEGEN", setting);
+    const cpu::NormalizationCodegenCounts before = cpu::normalizationCodegenCounts();
+    testing::checkAgainstReference(f, Segment::Kind::Normalization, v, std::string("rms norm with pow, ") + setting);
+    const cpu::NormalizationCodegenCounts after = cpu::normalizationCodegenCounts();
+    const bool on = std::string(setting) == "always";
+    EXPECT_EQ(after.interpreted - before.interpreted, on ? 1 : 0) << setting;
+    EXPECT_EQ(after.compiled - before.compiled, on ? 1 : 0) << setting;
+  }
   fs::remove_all(dir);
 }
 

@@ -50,6 +50,9 @@ double unaryRef(OpType op, double x) {
     case OpType::Exp: return std::exp(x);
     case OpType::Log: return std::log(x);
     case OpType::Sqrt: return std::sqrt(x);
+    case OpType::Rsqrt: return 1.0 / std::sqrt(x);
+    case OpType::Reciprocal: return 1.0 / x;
+    case OpType::Square: return x * x;
     case OpType::Relu: return x > 0 ? x : (std::isnan(x) ? x : 0.0);
     case OpType::Sigmoid: return 1.0 / (1.0 + std::exp(-x));
     case OpType::Tanh: return std::tanh(x);
