@@ -10,7 +10,9 @@ GPU, one device (the GPT-3 layer, causal, dropout 0.1), against torch eager and 
 With several GPUs (one rank per GPU) the same command under mpirun runs TP over d = world size.
 
 Times are the median of --iters runs after --warmup, synchronized (a barrier on CPU, the device on
-CUDA); TFLOP/s count the layer's GEMM and attention FLOPs (fwd: 24 b s e^2 + 4 b s^2 e, halved
+CUDA). On CPU the two sides alternate, a meshfuse call then a torch call each round, and the speed-up
+is the median of the rounds' ratios (a shared VM's speed drifts by tens of percent within a run);
+TFLOP/s count the layer's GEMM and attention FLOPs (fwd: 24 b s e^2 + 4 b s^2 e, halved
 for causal attention; bwd: twice the forward's).
 """
 import argparse
@@ -110,6 +112,24 @@ def torch_layer(x, p, cfg, tp):
     return h1 + F.dropout(fc2 + p["fc2_bias"], cfg.dropout_p)
 
 
+def timed_pair(fn_a, fn_b, sync, warmup, iters):
+    """(median a, median b, median of b / a over rounds): the two timed in alternation, one call of
+    each a round, so that a drift in the machine's speed (a shared VM's neighbours, clocks) weighs on
+    both sides of each round's ratio alike rather than on whichever ran during it."""
+    for _ in range(warmup):
+        fn_a()
+        fn_b()
+    a, b = [], []
+    for _ in range(iters):
+        for fn, times in ((fn_a, a), (fn_b, b)):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(a), statistics.median(b), statistics.median(y / x for x, y in zip(a, b))
+
+
 def timed(fn, sync, warmup, iters):
     for _ in range(warmup):
         fn()
@@ -150,8 +170,8 @@ def run_cpu(args):
     dy = torch.ones(cfg.batch, cfg.sequence, cfg.hidden)
     rows = []
     with torch.no_grad():
-        rows.append(("forward", timed(lambda: layer(x), barrier, args.warmup, args.iters),
-                     timed(lambda: torch_layer(xt, params, cfg, d), barrier, args.warmup, args.iters)))
+        rows.append(("forward", *timed_pair(lambda: layer(x), lambda: torch_layer(xt, params, cfg, d), barrier,
+                                            args.warmup, args.iters)))
 
     def mf_step():
         layer.zero_grad(set_to_none=True)  # as the torch side's p.grad = None (torch 1.13 would zero-fill)
@@ -162,8 +182,7 @@ def run_cpu(args):
             p.grad = None
         torch_layer(xt, params, cfg, d).backward(dy)
 
-    rows.append(("forward+backward", timed(mf_step, barrier, args.warmup, args.iters),
-                 timed(torch_step, barrier, args.warmup, args.iters)))
+    rows.append(("forward+backward", *timed_pair(mf_step, torch_step, barrier, args.warmup, args.iters)))
     parts = cpu_breakdown(layer, x, dy, args) if args.breakdown else None
     floor_ms = gemm_floor_ms(cfg, d)
     if d > 1:  # torch 1.13 aborts at exit when its gloo group's threads outlive the interpreter
@@ -172,10 +191,12 @@ def run_cpu(args):
         print(f"# transformer layer, CPU, {d} rank(s) ({schedule}), b={cfg.batch} s={cfg.sequence} e={cfg.hidden} "
               f"h={cfg.heads} fp32, threads/rank={torch.get_num_threads()}")
         print(f"{'pass':<18}{'meshfuse ms':>13}{'torch gloo ms':>15}{'speed-up':>10}{'GFLOP/s mf':>12}")
-        for name, mf, tt in rows:
-            # (Before session 15 the forward+backward row counted the backward's alone, a third low.)
+        for name, mf, tt, ratio in rows:
+            # (Before session 15 the forward+backward row counted the backward's alone, a third low.
+            # Before session 19 each side ran its iterations in a block of its own and the speed-up
+            # was the ratio of the two medians.)
             flops = (layer_flops(cfg, False) if name == "forward" else step_flops(cfg)) / d
-            print(f"{name:<18}{mf * 1e3:>13.2f}{tt * 1e3:>15.2f}{tt / mf:>9.2f}x{flops / mf / 1e9:>12.1f}")
+            print(f"{name:<18}{mf * 1e3:>13.2f}{tt * 1e3:>15.2f}{ratio:>9.2f}x{flops / mf / 1e9:>12.1f}")
         floor, rate, shape = floor_ms
         print(f"# GEMM floor: {floor:.1f} ms a step, the layer's FLOPs at meshfuse's matmul rate on its largest "
               f"per-rank product ({rate:.0f} GFLOP/s, {shape}); torch's step / floor = "
