@@ -9,10 +9,10 @@ GPU, one device (the GPT-3 layer, causal, dropout 0.1), against torch eager and 
     python3 benchmarks/transformer.py --device cuda --batch 1 --sequence 2048 --heads 96 --hidden 12288
 With several GPUs (one rank per GPU) the same command under mpirun runs TP over d = world size.
 
-Times are the median of --iters runs after --warmup, synchronized (a barrier on CPU, the device on
-CUDA). On CPU the two sides alternate, a meshfuse call then a torch call each round, and the speed-up
-is the median of the rounds' ratios (a shared VM's speed drifts by tens of percent within a run);
-TFLOP/s count the layer's GEMM and attention FLOPs (fwd: 24 b s e^2 + 4 b s^2 e, halved
+Times are the median of --iters rounds after --warmup, synchronized (a barrier on CPU, the device on
+CUDA). The libraries alternate, each pass called once a round, and each speed-up is the median of the
+rounds' ratios (a shared VM's speed drifts by tens of percent within a run, a GPU's clocks with the
+GEMMs' power); TFLOP/s count the layer's GEMM and attention FLOPs (fwd: 24 b s e^2 + 4 b s^2 e, halved
 for causal attention; bwd: twice the forward's).
 """
 import argparse
@@ -112,35 +112,35 @@ def torch_layer(x, p, cfg, tp):
     return h1 + F.dropout(fc2 + p["fc2_bias"], cfg.dropout_p)
 
 
-def timed_pair(fn_a, fn_b, sync, warmup, iters):
-    """(median a, median b, median of b / a over rounds): the two timed in alternation, one call of
-    each a round, so that a drift in the machine's speed (a shared VM's neighbours, clocks) weighs on
-    both sides of each round's ratio alike rather than on whichever ran during it."""
+def timed_rounds(fns, sync, warmup, iters):
+    """{name: [seconds, one per round]}: each of fns (a dict of name -> callable) called once a round,
+    in order, synchronized, for `iters` rounds after `warmup`. Alternating the two libraries call by
+    call lets a drift in the machine's speed (a shared VM's neighbours, a GPU's clocks under the
+    GEMMs' power) weigh on both sides of each round alike, rather than on whichever block of calls
+    ran during it; ratios are then taken round by round (round_ratio)."""
     for _ in range(warmup):
-        fn_a()
-        fn_b()
-    a, b = [], []
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
     for _ in range(iters):
-        for fn, times in ((fn_a, a), (fn_b, b)):
+        for name, fn in fns.items():
             sync()
             t0 = time.perf_counter()
             fn()
             sync()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(a), statistics.median(b), statistics.median(y / x for x, y in zip(a, b))
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
-def timed(fn, sync, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def round_ratio(numerator, denominator):
+    """The median over rounds of numerator[i] / denominator[i] (lists of per-round seconds)."""
+    return statistics.median(n / d for n, d in zip(numerator, denominator))
+
+
+def timed_pair(fn_a, fn_b, sync, warmup, iters):
+    """(median a, median b, median of b / a over rounds): timed_rounds of the two."""
+    t = timed_rounds({"a": fn_a, "b": fn_b}, sync, warmup, iters)
+    return statistics.median(t["a"]), statistics.median(t["b"]), round_ratio(t["b"], t["a"])
 
 
 def run_cpu(args):
@@ -283,20 +283,14 @@ def run_cuda(args):
                  **{n: t for n, t in zip(tf.PARAMETERS, ins[1:])})
     bwd_ins = [saved[n] for n in bwd.input_names()]
     sync = torch.cuda.synchronize
-    mf_fwd = timed(lambda: fwd.execute(ins), sync, args.warmup, args.iters)
-    mf_bwd = timed(lambda: bwd.execute(bwd_ins), sync, args.warmup, args.iters)
-    # The same two passes under each dropout-mask width (MESHFUSE_ATTENTION_MASK) and attention RNG
-    # (MESHFUSE_ATTENTION_RNG) asked for, both read at each execute, in this process. The backward's
-    # inputs stay the default's forward outputs: every width drops the same elements, and cuDNN's RNG
-    # does the same work whichever mask the forward drew.
+    # meshfuse's two passes also under each dropout-mask width (MESHFUSE_ATTENTION_MASK), backward mask
+    # order (MESHFUSE_ATTENTION_BACKWARD_MASK) and attention RNG (MESHFUSE_ATTENTION_RNG) asked for, all
+    # read at each execute, in this process. The backward's inputs stay the default's forward
+    # outputs: every width drops the same elements, and cuDNN's RNG does the same work whichever
+    # mask the forward drew.
     variants = ([("MESHFUSE_ATTENTION_MASK", w) for w in args.mask_widths or []] +
                 [("MESHFUSE_ATTENTION_BACKWARD_MASK", o) for o in args.backward_masks or []] +
                 [("MESHFUSE_ATTENTION_RNG", r) for r in args.rngs or []])
-    widths = []
-    for env_name, value in variants:
-        with scoped_env(env_name, value):
-            widths.append((f"{env_name}={value}", timed(lambda: fwd.execute(ins), sync, args.warmup, args.iters),
-                           timed(lambda: bwd.execute(bwd_ins), sync, args.warmup, args.iters)))
 
     params = {n: full[n].cuda().requires_grad_(True) for n in tf.PARAMETERS}
     xt = full["x"].cuda().requires_grad_(True)
@@ -307,20 +301,40 @@ def run_cuda(args):
             p.grad = None
         layer_fn(xt, params, cfg, d).backward(dy)
 
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                fn()
+        return run
+
+    def under(env_name, value, fn):
+        def run():
+            with scoped_env(env_name, value):
+                fn()
+        return run
+
+    compiled = torch.compile(torch_layer)
+    for _ in range(2):  # torch.compile's graphs (inference, training forward, backward) built before timing
+        no_grad(lambda: compiled(xt, params, cfg, d))()
+        step(compiled)
+        compiled(xt, params, cfg, d)
     # torch's forward twice: under no_grad (its inference path: no activations kept, attention
     # without the log-sum-exp), and with autograd on, as a training step runs it. meshfuse's forward
     # fusion is a training forward (it returns what the backward reads), so the table compares it
-    # with the latter, and torch's backward is its step minus that. (Tables before session 10 used
-    # the no_grad forward, which moved the training forward's extra work into torch's "backward".)
-    with torch.no_grad():
-        eager_inf = timed(lambda: torch_layer(xt, params, cfg, d), sync, args.warmup, args.iters)
-    eager_step = timed(lambda: step(torch_layer), sync, args.warmup, args.iters)
-    eager_fwd = timed(lambda: torch_layer(xt, params, cfg, d), sync, args.warmup, args.iters)
-    compiled = torch.compile(torch_layer)
-    with torch.no_grad():
-        comp_inf = timed(lambda: compiled(xt, params, cfg, d), sync, args.warmup + 2, args.iters)
-    comp_step = timed(lambda: step(compiled), sync, args.warmup + 2, args.iters)
-    comp_fwd = timed(lambda: compiled(xt, params, cfg, d), sync, args.warmup, args.iters)
+    # with the latter, and torch's backward is its step minus that, round by round. (Tables before
+    # session 10 used the no_grad forward, which moved the training forward's extra work into
+    # torch's "backward"; before session 19 each pass ran its iterations in a block of its own.)
+    fns = {"mf fwd": lambda: fwd.execute(ins), "mf bwd": lambda: bwd.execute(bwd_ins)}
+    for env_name, value in variants:
+        fns[f"{env_name}={value} fwd"] = under(env_name, value, lambda: fwd.execute(ins))
+        fns[f"{env_name}={value} bwd"] = under(env_name, value, lambda: bwd.execute(bwd_ins))
+    fns.update({"eager inf": no_grad(lambda: torch_layer(xt, params, cfg, d)),
+                "eager fwd": lambda: torch_layer(xt, params, cfg, d),
+                "eager step": lambda: step(torch_layer),
+                "compile inf": no_grad(lambda: compiled(xt, params, cfg, d)),
+                "compile fwd": lambda: compiled(xt, params, cfg, d),
+                "compile step": lambda: step(compiled)})
+    t = timed_rounds(fns, sync, args.warmup, args.iters)
     trace = os.path.join(args.trace_dir, "transformer_fwd_trace.json")
     fwd.execute(ins, trace=trace)
     fwd_parts = trace_breakdown(trace)
@@ -349,18 +363,30 @@ def run_cuda(args):
     f_fl, b_fl = layer_flops(cfg, False) / d, layer_flops(cfg, True) / d
     print(f"{'pass':<22}{'meshfuse ms':>12}{'eager ms':>10}{'compile ms':>12}{'vs eager':>10}{'vs compile':>12}"
           f"{'mf TFLOP/s':>12}")
-    for name, mf, eager, comp, flops in (("forward", mf_fwd, eager_fwd, comp_fwd, f_fl),
-                                         ("backward", mf_bwd, eager_step - eager_fwd, comp_step - comp_fwd, b_fl),
-                                         ("forward+backward", mf_fwd + mf_bwd, eager_step, comp_step, f_fl + b_fl)):
-        print(f"{name:<22}{mf * 1e3:>12.2f}{eager * 1e3:>10.2f}{comp * 1e3:>12.2f}{eager / mf:>9.2f}x"
-              f"{comp / mf:>11.2f}x{flops / mf / 1e12:>12.1f}")
-    for width, w_fwd, w_bwd in widths:
-        print(f"# meshfuse with {width}: forward {w_fwd * 1e3:.2f} ms "
-              f"({comp_fwd / w_fwd:.2f}x compile), backward {w_bwd * 1e3:.2f} ms "
-              f"({(comp_step - comp_fwd) / w_bwd:.2f}x), forward+backward {(w_fwd + w_bwd) * 1e3:.2f} ms "
-              f"({comp_step / (w_fwd + w_bwd):.2f}x)")
-    print(f"# torch's forward with autograd on (above) / under no_grad: eager {eager_fwd * 1e3:.2f} / "
-          f"{eager_inf * 1e3:.2f} ms, compile {comp_fwd * 1e3:.2f} / {comp_inf * 1e3:.2f} ms")
+    med = statistics.median
+
+    def plus(a, b):
+        return [x + y for x, y in zip(a, b)]
+
+    def torch_bwd(lib):  # the step minus the training forward, round by round
+        return [st - fw for st, fw in zip(t[f"{lib} step"], t[f"{lib} fwd"])]
+
+    for name, mf, eager, comp, flops in (("forward", t["mf fwd"], t["eager fwd"], t["compile fwd"], f_fl),
+                                         ("backward", t["mf bwd"], torch_bwd("eager"), torch_bwd("compile"), b_fl),
+                                         ("forward+backward", plus(t["mf fwd"], t["mf bwd"]), t["eager step"],
+                                          t["compile step"], f_fl + b_fl)):
+        print(f"{name:<22}{med(mf) * 1e3:>12.2f}{med(eager) * 1e3:>10.2f}{med(comp) * 1e3:>12.2f}"
+              f"{round_ratio(eager, mf):>9.2f}x{round_ratio(comp, mf):>11.2f}x{flops / med(mf) / 1e12:>12.1f}")
+    for env_name, value in variants:
+        w_fwd, w_bwd = t[f"{env_name}={value} fwd"], t[f"{env_name}={value} bwd"]
+        w_step = plus(w_fwd, w_bwd)
+        print(f"# meshfuse with {env_name}={value}: forward {med(w_fwd) * 1e3:.2f} ms "
+              f"({round_ratio(t['compile fwd'], w_fwd):.2f}x compile), backward {med(w_bwd) * 1e3:.2f} ms "
+              f"({round_ratio(torch_bwd('compile'), w_bwd):.2f}x), forward+backward {med(w_step) * 1e3:.2f} ms "
+              f"({round_ratio(t['compile step'], w_step):.2f}x)")
+    print(f"# torch's forward with autograd on (above) / under no_grad: eager {med(t['eager fwd']) * 1e3:.2f} / "
+          f"{med(t['eager inf']) * 1e3:.2f} ms, compile {med(t['compile fwd']) * 1e3:.2f} / "
+          f"{med(t['compile inf']) * 1e3:.2f} ms; ratios are medians over {args.iters} rounds of one call each")
     for name, parts in (("forward", fwd_parts), ("backward", bwd_parts)):
         total = sum(parts.values())
         desc = ", ".join(f"{k} {v:.2f} ms ({v / total:.0%})" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
