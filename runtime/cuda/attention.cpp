@@ -281,7 +281,7 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
   if (it != cache.end()) return it->second;
   // The layouts to try, most preferred first: strided inputs read in place, then dense copies;
   // the wanted output and mask layouts, then each given up (gradients like the inputs first, then
-  // o heads-inner, then the key-major mask). The last is not caught (cuDNN's error reaches the user).
+  // the key-major mask, then o heads-inner). The last is not caught (cuDNN's error reaches the user).
   std::vector<std::pair<const InputStrides*, Layout> > layouts;
   for (const InputStrides* in : {strides.empty() ? nullptr : &strides, static_cast<const InputStrides*>(nullptr)})
     for (bool o_inner : {wanted.o_heads_inner, false})
