@@ -51,11 +51,34 @@ __device__ __forceinline__ void storeMaskGroup(const Params& p, long long e, lon
       static_cast<unsigned short*>(p.mask)[e + k] = static_cast<unsigned short>(bits[k]);
   }
 }
-extern "C" __global__ void meshfuse_dropout_mask(Params p) {
+// The seed and offset from device memory, where the call passes them so.
+__device__ __forceinline__ void loadSeed(Params& p) {
   if (p.seed_at != nullptr) {
     p.seed = *p.seed_at;
     p.offset = *p.offset_at;
   }
+}
+// The global index of element (0, 0) of local (batch, head) pair bh.
+__device__ __forceinline__ unsigned long long pairBase(const Params& p, long long bh) {
+  const long long h = bh % p.heads, b = bh / p.heads;
+  return ((unsigned long long)(b + p.batch_offset) * p.global_heads + (h + p.head_offset)) * p.seq_q * p.seq_kv;
+}
+// The bits of the four elements of Philox counter `counter`, whose word 0 is the row's key j0 (< 0:
+// the row before's): kept where the key is below `computed` (the keys a causal row sees) and its
+// uniform is >= p; a counter past `computed` gets 0 without its draw.
+__device__ __forceinline__ void keepBits(const Params& p, unsigned long long counter, long long j0, long long computed,
+                                         unsigned bits[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) bits[k] = 0u;
+  if (j0 >= computed) return;
+  const uint4 r = philox4x32(counter, p.offset, p.seed);
+  const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    if (j0 + k < computed && philoxUnitF(w[k]) >= p.threshold) bits[k] = p.kept;
+}
+extern "C" __global__ void meshfuse_dropout_mask(Params p) {
+  loadSeed(p);
   // The grid's y walks the (batch, head) pairs and its x the query rows i of a pair, so a block
   // divides out a pair's indices once rather than every thread per row (64-bit division is a long
   // instruction sequence; on the H200 that change alone left the GPT-3 mask at 0.66 ms, a third of
@@ -67,9 +90,7 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
   // gets 0 without its draw.
   const long long pairs = p.numel / (p.seq_q * p.seq_kv);
   for (long long bh = blockIdx.y; bh < pairs; bh += gridDim.y) {
-    const long long h = bh % p.heads, b = bh / p.heads;
-    const unsigned long long pair_base =
-        ((unsigned long long)(b + p.batch_offset) * p.global_heads + (h + p.head_offset)) * p.seq_q * p.seq_kv;
+    const unsigned long long pair_base = pairBase(p, bh);
     for (long long i = blockIdx.x; i < p.seq_q; i += gridDim.x) {
       const long long row = bh * p.seq_q + i;
       const unsigned long long base = pair_base + (unsigned long long)i * p.seq_kv;
@@ -79,14 +100,8 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
       const long long counters = (lead + p.seq_kv + 3) >> 2;
       for (long long t = threadIdx.x; t < counters; t += blockDim.x) {
         const long long j0 = 4 * t - lead;  // the row position of the counter's word 0 (< 0: the row before's)
-        unsigned bits[4] = {0u, 0u, 0u, 0u};
-        if (j0 < computed) {
-          const uint4 r = philox4x32(first + t, p.offset, p.seed);
-          const unsigned w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            if (j0 + k < computed && philoxUnitF(w[k]) >= p.threshold) bits[k] = p.kept;
-        }
+        unsigned bits[4];
+        keepBits(p, first + t, j0, computed, bits);
         storeMaskGroup(p, row * p.seq_kv + j0, j0, bits);
       }
     }
@@ -101,17 +116,12 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
 #define MESHFUSE_MASK_ROW_COUNTERS 17
 extern "C" __global__ void meshfuse_dropout_mask_key_major(Params p) {
   __shared__ unsigned int tile[MESHFUSE_MASK_TILE][MESHFUSE_MASK_TILE + 1];  // [key][query], padded
-  if (p.seed_at != nullptr) {
-    p.seed = *p.seed_at;
-    p.offset = *p.offset_at;
-  }
+  loadSeed(p);
   const long long pairs = p.numel / (p.seq_q * p.seq_kv);
   const long long tiles_k = (p.seq_kv + MESHFUSE_MASK_TILE - 1) / MESHFUSE_MASK_TILE;
   const long long tiles = (p.seq_q + MESHFUSE_MASK_TILE - 1) / MESHFUSE_MASK_TILE * tiles_k;
   for (long long bh = blockIdx.y; bh < pairs; bh += gridDim.y) {
-    const long long h = bh % p.heads, b = bh / p.heads;
-    const unsigned long long pair_base =
-        ((unsigned long long)(b + p.batch_offset) * p.global_heads + (h + p.head_offset)) * p.seq_q * p.seq_kv;
+    const unsigned long long pair_base = pairBase(p, bh);
     for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
       const long long i_begin = t / tiles_k * MESHFUSE_MASK_TILE, j_begin = t % tiles_k * MESHFUSE_MASK_TILE;
       const int rows = (int)min((long long)MESHFUSE_MASK_TILE, p.seq_q - i_begin);
@@ -124,14 +134,8 @@ extern "C" __global__ void meshfuse_dropout_mask_key_major(Params p) {
         const int j_first = 4 * c - (int)(g0 & 3);  // the tile column of the counter's word 0
         if (j_first >= cols) continue;
         const long long computed = p.causal ? min(p.seq_kv, i + 1) : p.seq_kv;
-        unsigned bits[4] = {0u, 0u, 0u, 0u};
-        if (j_begin + j_first < computed) {
-          const uint4 w4 = philox4x32((g0 >> 2) + c, p.offset, p.seed);
-          const unsigned w[4] = {w4.x, w4.y, w4.z, w4.w};
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            if (j_begin + j_first + k < computed && philoxUnitF(w[k]) >= p.threshold) bits[k] = p.kept;
-        }
+        unsigned bits[4];
+        keepBits(p, (g0 >> 2) + c, j_begin + j_first, computed, bits);
 #pragma unroll
         for (int k = 0; k < 4; ++k)
           if (j_first + k >= 0 && j_first + k < cols) tile[j_first + k][r] = bits[k];
