@@ -3,8 +3,10 @@
 //     (bytes read + written / time) against a plain device copy (cudaMemcpyAsync D2D), the ceiling;
 //  2. bf16 linear 8192^3 through the executor (cuBLASLt plan cache) against cuBLASLt called here
 //     directly with the same layout: TFLOP/s;
-//  3. the host overhead of one execute of a small cached segment (no synchronization).
-// Prints a markdown table. Usage: bench_cuda_ops [--quick]
+//  3. the host overhead of one execute of a small cached segment (no synchronization);
+//  4. attention's dropout mask (runtime/cuda/dropout_mask.h) at the GPT-3 layer's attention shape,
+//     both memory orders: bytes written per second against cudaMemsetAsync of as many bytes.
+// Prints a markdown table. Usage: bench_cuda_ops [--quick] [--mask] (--mask: the mask rows alone)
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "ops/ops.h"
+#include "runtime/cuda/dropout_mask.h"
 #include "runtime/cuda/streams.h"
 #include "runtime/segment.h"
 
@@ -227,10 +230,41 @@ void hostOverhead(int iters) {
       "us");
 }
 
+// The mask of b=1, h=96, s=2048 causal attention at p = 0.1 in bf16 (805 MB), as the GPT-3 layer's
+// forward draws it, against a memset of the same bytes (the write bandwidth the kernel could reach).
+void dropoutMasks(int iters) {
+  AttentionParams p;
+  p.batch = 1;
+  p.heads = p.global_heads = 96;
+  p.seq_q = p.seq_kv = 2048;
+  p.causal = true;
+  p.dropout_p = 0.1;
+  p.seed = 1234;
+  p.offset = 0;
+  for (cuda::MaskOrder order : {cuda::MaskOrder::QueryMajor, cuda::MaskOrder::KeyMajor}) {
+    const bool key_major = order == cuda::MaskOrder::KeyMajor;
+    const double bytes = static_cast<double>(p.heads * p.seq_q * p.seq_kv) * 2;
+    Tensor kept = cuda::dropoutMask(0, p, DataType::BFloat16, nullptr, nullptr, order);  // compiles the kernel
+    const double ms =
+        timeMs([&] { kept = cuda::dropoutMask(0, p, DataType::BFloat16, nullptr, nullptr, order); }, 2, iters);
+    const double memset_ms =
+        timeMs([&] { CHECK_CUDA(cudaMemsetAsync(kept.data(), 0, kept.nbytes(), nullptr)); }, 2, iters);
+    std::printf("  dropout mask %s: %.1f us, memset %.1f us\n", key_major ? "key-major" : "query-major", ms * 1e3,
+                memset_ms * 1e3);
+    row(std::string("dropout mask b=1 h=96 s=2048 causal p=0.1 bf16, ") + (key_major ? "key-major" : "query-major") +
+            " (GB/s written; baseline: cudaMemsetAsync of the same bytes)",
+        bytes / ms / 1e6, bytes / memset_ms / 1e6, "GB/s");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, mask_only = false;
+  for (int i = 1; i < argc; ++i) {
+    quick = quick || std::strcmp(argv[i], "--quick") == 0;
+    mask_only = mask_only || std::strcmp(argv[i], "--mask") == 0;
+  }
   std::string why;
   if (cuda::deviceCount(&why) == 0) {
     std::printf("bench_cuda_ops: no CUDA device (%s); nothing to measure\n", why.c_str());
@@ -240,11 +274,14 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   const int64_t n = quick ? (int64_t{1} << 24) : (int64_t{1} << 28);
-  pointwiseChain(DataType::Float, n, quick ? 5 : 20);
-  pointwiseChain(DataType::BFloat16, n, quick ? 5 : 20);
-  linearBf16(quick ? 2048 : 8192, quick ? 5 : 20, false);
-  linearBf16(quick ? 2048 : 8192, quick ? 5 : 20, true);
-  hostOverhead(quick ? 2000 : 20000);
+  if (!mask_only) {
+    pointwiseChain(DataType::Float, n, quick ? 5 : 20);
+    pointwiseChain(DataType::BFloat16, n, quick ? 5 : 20);
+    linearBf16(quick ? 2048 : 8192, quick ? 5 : 20, false);
+    linearBf16(quick ? 2048 : 8192, quick ? 5 : 20, true);
+    hostOverhead(quick ? 2000 : 20000);
+  }
+  dropoutMasks(quick ? 5 : 20);
   std::printf("\n| benchmark | meshfuse | baseline | ratio |\n|---|---|---|---|\n");
   for (const Row& r : g_rows)
     std::printf("| %s | %s | %s | %s |\n", r.what.c_str(), r.meshfuse.c_str(), r.baseline.c_str(), r.ratio.c_str());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
@@ -28,7 +29,7 @@ struct Params {
   const unsigned long long* seed_at;    // when set, the seed and offset are read from device memory
   const unsigned long long* offset_at;  // (the forward's 0-dim outputs), with no host round trip
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
-  float threshold;
+  unsigned int keep_from;  // a Philox word at or above it is kept: its 24-bit uniform is >= dropout_p
   unsigned int kept;   // the bits a kept element gets (of a 2- or 4-byte element)
   int element_bytes;
   int causal;          // top-left causal: (i, j) with j > i is masked out
@@ -51,12 +52,30 @@ __device__ __forceinline__ void storeMaskGroup(const Params& p, long long e, lon
       static_cast<unsigned short*>(p.mask)[e + k] = static_cast<unsigned short>(bits[k]);
   }
 }
-// The seed and offset from device memory, where the call passes them so.
-__device__ __forceinline__ void loadSeed(Params& p) {
-  if (p.seed_at != nullptr) {
-    p.seed = *p.seed_at;
-    p.offset = *p.offset_at;
+// Two counters' eight elements from element e (the row's key j0): one 16-byte store (two for fp32)
+// where all eight lie in the row and e is 8-element aligned, else as two groups of four.
+__device__ __forceinline__ void storeMaskGroups(const Params& p, long long e, long long j0, const unsigned bits[8]) {
+  if (p.vector_stores && j0 >= 0 && j0 + 8 <= p.seq_kv && (e & 7) == 0) {
+    if (p.element_bytes == 4) {
+      uint4* out = reinterpret_cast<uint4*>(p.mask) + (e >> 2);
+      out[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
+      out[1] = make_uint4(bits[4], bits[5], bits[6], bits[7]);
+    } else {
+      reinterpret_cast<uint4*>(p.mask)[e >> 3] = make_uint4(bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16),
+                                                            bits[4] | (bits[5] << 16), bits[6] | (bits[7] << 16));
+    }
+    return;
   }
+  storeMaskGroup(p, e, j0, bits);
+  storeMaskGroup(p, e + 4, j0 + 4, bits + 4);
+}
+// The Philox key and offset: the parameters', or from device memory where the call passes them so.
+// Held in registers (writing them into the kernel's parameter struct would copy it to local memory).
+struct Key {
+  unsigned long long seed, offset;
+};
+__device__ __forceinline__ Key loadKey(const Params& p) {
+  return p.seed_at != nullptr ? Key{*p.seed_at, *p.offset_at} : Key{p.seed, p.offset};
 }
 // The global index of element (0, 0) of local (batch, head) pair bh.
 __device__ __forceinline__ unsigned long long pairBase(const Params& p, long long bh) {
@@ -65,20 +84,21 @@ __device__ __forceinline__ unsigned long long pairBase(const Params& p, long lon
 }
 // The bits of the four elements of Philox counter `counter`, whose word 0 is the row's key j0 (< 0:
 // the row before's): kept where the key is below `computed` (the keys a causal row sees) and its
-// uniform is >= p; a counter past `computed` gets 0 without its draw.
-__device__ __forceinline__ void keepBits(const Params& p, unsigned long long counter, long long j0, long long computed,
-                                         unsigned bits[4]) {
+// uniform is >= p, compared as integers (keepFrom on the host says why that is the same test); a
+// counter past `computed` gets 0 without its draw.
+__device__ __forceinline__ void keepBits(const Params& p, const Key& key, unsigned long long counter, long long j0,
+                                         long long computed, unsigned bits[4]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) bits[k] = 0u;
   if (j0 >= computed) return;
-  const uint4 r = philox4x32(counter, p.offset, p.seed);
+  const uint4 r = philox4x32(counter, key.offset, key.seed);
   const unsigned w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    if (j0 + k < computed && philoxUnitF(w[k]) >= p.threshold) bits[k] = p.kept;
+    if (j0 + k < computed && w[k] >= p.keep_from) bits[k] = p.kept;
 }
-extern "C" __global__ void meshfuse_dropout_mask(Params p) {
-  loadSeed(p);
+extern "C" __global__ void meshfuse_dropout_mask(const Params p) {
+  const Key key = loadKey(p);
   // The grid's y walks the (batch, head) pairs and its x the query rows i of a pair, so a block
   // divides out a pair's indices once rather than every thread per row (64-bit division is a long
   // instruction sequence; on the H200 that change alone left the GPT-3 mask at 0.66 ms, a third of
@@ -98,11 +118,12 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
       const unsigned long long first = base >> 2;
       const long long lead = static_cast<long long>(base & 3);
       const long long counters = (lead + p.seq_kv + 3) >> 2;
-      for (long long t = threadIdx.x; t < counters; t += blockDim.x) {
+      for (long long t = 2 * threadIdx.x; t < counters; t += 2 * blockDim.x) {
         const long long j0 = 4 * t - lead;  // the row position of the counter's word 0 (< 0: the row before's)
-        unsigned bits[4];
-        keepBits(p, first + t, j0, computed, bits);
-        storeMaskGroup(p, row * p.seq_kv + j0, j0, bits);
+        unsigned bits[8];
+        keepBits(p, key, first + t, j0, computed, bits);
+        keepBits(p, key, first + t + 1, j0 + 4, computed, bits + 4);  // past the row: 0, not drawn
+        storeMaskGroups(p, row * p.seq_kv + j0, j0, bits);
       }
     }
   }
@@ -114,9 +135,9 @@ extern "C" __global__ void meshfuse_dropout_mask(Params p) {
 // contiguous (coalesced, two 2-byte elements a store where they are aligned).
 #define MESHFUSE_MASK_TILE 64
 #define MESHFUSE_MASK_ROW_COUNTERS 17
-extern "C" __global__ void meshfuse_dropout_mask_key_major(Params p) {
+extern "C" __global__ void meshfuse_dropout_mask_key_major(const Params p) {
   __shared__ unsigned int tile[MESHFUSE_MASK_TILE][MESHFUSE_MASK_TILE + 1];  // [key][query], padded
-  loadSeed(p);
+  const Key key = loadKey(p);
   const long long pairs = p.numel / (p.seq_q * p.seq_kv);
   const long long tiles_k = (p.seq_kv + MESHFUSE_MASK_TILE - 1) / MESHFUSE_MASK_TILE;
   const long long tiles = (p.seq_q + MESHFUSE_MASK_TILE - 1) / MESHFUSE_MASK_TILE * tiles_k;
@@ -135,7 +156,7 @@ extern "C" __global__ void meshfuse_dropout_mask_key_major(Params p) {
         if (j_first >= cols) continue;
         const long long computed = p.causal ? min(p.seq_kv, i + 1) : p.seq_kv;
         unsigned bits[4];
-        keepBits(p, (g0 >> 2) + c, j_begin + j_first, computed, bits);
+        keepBits(p, key, (g0 >> 2) + c, j_begin + j_first, computed, bits);
 #pragma unroll
         for (int k = 0; k < 4; ++k)
           if (j_first + k >= 0 && j_first + k < cols) tile[j_first + k][r] = bits[k];
@@ -169,7 +190,7 @@ struct Params {
   const void* seed_at;
   const void* offset_at;
   long long heads, seq_q, seq_kv, batch_offset, head_offset, global_heads, numel;
-  float threshold;
+  unsigned int keep_from;
   unsigned int kept;
   int element_bytes;
   int causal;
@@ -177,6 +198,16 @@ struct Params {
 };
 
 float keepScale(double dropout_p) { return static_cast<float>(dropoutKeepScale(dropout_p)); }
+
+// The smallest Philox word that is kept. The CPU keeps an element where float(u) >= float(p), u =
+// (word >> 8) * 2^-24 (exact in a float); for a float t that is (word >> 8) >= ceil(t * 2^24) (t * 2^24
+// is exact in a double), i.e. word >= ceil(t * 2^24) << 8: one integer compare per element on the
+// GPU in place of a conversion and a float compare. The bound reaches 2^32 only where float(p) rounds
+// to 1, when nothing is kept: dropoutMask then gives kept elements the bits of 0.
+uint64_t keepFrom(double dropout_p) {
+  const double t = static_cast<double>(static_cast<float>(dropout_p));
+  return static_cast<uint64_t>(std::max(0.0, std::ceil(std::ldexp(t, 24)))) << 8;
+}
 
 uint32_t keptBits(DataType dtype, float value) {
   if (dtype == DataType::Float) return std::bit_cast<uint32_t>(value);
@@ -250,8 +281,8 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
                 p.head_offset,
                 p.global_heads,
                 mask.numel(),
-                static_cast<float>(p.dropout_p),
-                keptBits(dtype, keepScale(p.dropout_p)),
+                static_cast<uint32_t>(std::min<uint64_t>(keepFrom(p.dropout_p), UINT32_MAX)),
+                keepFrom(p.dropout_p) > UINT32_MAX ? 0u : keptBits(dtype, keepScale(p.dropout_p)),
                 static_cast<int>(dataTypeSize(dtype)),
                 p.causal ? 1 : 0,
                 reinterpret_cast<uintptr_t>(mask.data()) % 16 == 0 ? 1 : 0};

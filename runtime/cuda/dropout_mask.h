@@ -1,7 +1,7 @@
 // The dropout mask of fused attention on CUDA, generated with meshfuse's Philox (runtime/philox.h)
 // so that it is the CPU kernel's mask bit for bit: element (b, h, i, j) is kept where the Philox
 // uniform of its global index g (AttentionParams::dropoutIndex: word g % 4 of counter g / 4) is
-// >= dropout_p. A thread draws a counter and writes its four elements. cuDNN's own
+// >= dropout_p. A thread draws two counters and writes their eight elements. cuDNN's own
 // in-kernel dropout derives its mask from Philox in a layout of its own that is not documented,
 // so it cannot be matched on the CPU; cuDNN takes this mask as its custom-mask input instead (unless
 // MESHFUSE_ATTENTION_RNG=cudnn asks for cuDNN's own, at that price: attention_rng.h).

@@ -1,9 +1,11 @@
 // The CUDA attention dropout mask (runtime/cuda/dropout_mask.h) element by element against the
 // stream drawn one element at a time on the CPU (philox::drawElement at the element's global index,
 // AttentionParams::dropoutIndex): rows whose length is odd (s_kv = 17, 1001) so that rows start and
-// end mid-counter, a sharded (batch, head) block, causal rows (0 past the diagonal), every mask
-// dtype, and both memory orders (the key-major kernel's [64, 64] tiles: partial ones at both edges,
-// several along each axis).
+// end mid-counter, rows of whole 8-element groups (a thread's one 16-byte store, two for fp32), a
+// sharded (batch, head) block, causal rows (0 past the diagonal), every mask dtype, both memory
+// orders (the key-major kernel's [64, 64] tiles: partial ones at both edges, several along each
+// axis), at p = 0.2, whose float times 2^24 is not an integer (the kernel's integer keep bound
+// rounds it up).
 // Skipped without a GPU (the kernel's source compiles in test_cuda_codegen.cpp).
 #include <gtest/gtest.h>
 
@@ -36,11 +38,10 @@ TEST(CudaDropoutMask, EveryElementIsItsGlobalIndexsDraw) {
   struct Shape {
     int64_t batch, heads, seq_q, seq_kv, batch_offset, head_offset, global_heads;
   };
-  const std::vector<Shape> shapes = {{2, 3, 9, 17, 0, 0, 3},
-                                     {1, 2, 5, 1001, 1, 3, 7},  // a shard: batch 1, heads 3..4 of 7
-                                     {1, 1, 64, 64, 0, 0, 1},
-                                     {2, 1, 33, 130, 0, 1, 2},
-                                     {1, 2, 130, 71, 0, 0, 2}};
+  const std::vector<Shape> shapes = {
+      {2, 3, 9, 17, 0, 0, 3},   {1, 2, 5, 1001, 1, 3, 7},  // a shard: batch 1, heads 3..4 of 7
+      {1, 1, 64, 64, 0, 0, 1},  {2, 1, 33, 130, 0, 1, 2},
+      {1, 2, 130, 71, 0, 0, 2}, {1, 2, 12, 2048, 0, 5, 8}};  // whole 16-byte groups, as the GPT-3 rows
   for (const Shape& s : shapes)
     for (bool causal : {false, true})
       for (DataType dtype : {DataType::Float, DataType::Half, DataType::BFloat16})
