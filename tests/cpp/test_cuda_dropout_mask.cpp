@@ -84,6 +84,40 @@ TEST(CudaDropoutMask, EveryElementIsItsGlobalIndexsDraw) {
         }
 }
 
+// The integer keep bound at its edges: p whose float times 2^24 is an integer (0.5: the bound is
+// that integer, not one above it), a p below 1 whose float rounds to 1 (nothing is kept, as on the
+// CPU, where no uniform reaches 1), and p = 0 (everything kept).
+TEST(CudaDropoutMask, KeepBoundAtItsEdges) {
+  std::string why;
+  if (cuda::deviceCount(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  for (double dropout_p : {0.5, 1.0 - 1e-9, 0.0}) {
+    SCOPED_TRACE("p " + std::to_string(dropout_p));
+    AttentionParams p;
+    p.batch = 1;
+    p.heads = p.global_heads = 2;
+    p.seq_q = 8;
+    p.seq_kv = 512;
+    p.dropout_p = dropout_p;
+    p.seed = 99;
+    p.offset = 7;
+    const Tensor mask = cuda::dropoutMask(0, p, DataType::Float).to(Device::cpu());
+    const float keep = static_cast<float>(1.0 / (1.0 - dropout_p));
+    int64_t differ = 0, kept = 0, e = 0;
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < p.seq_q; ++i)
+        for (int64_t j = 0; j < p.seq_kv; ++j, ++e) {
+          const double u = philox::drawElement(p.dropoutIndex(0, h, i, j), p.offset, p.seed, false, false, 0, 1);
+          const bool want = static_cast<float>(u) >= static_cast<float>(dropout_p);
+          const float got = maskValue(mask, e);
+          differ += (got != 0) != want || (want && got != keep);
+          kept += want;
+        }
+    EXPECT_EQ(differ, 0);
+    if (dropout_p > 0.9) EXPECT_EQ(kept, 0);
+    if (dropout_p == 0.0) EXPECT_EQ(kept, e);
+  }
+}
+
 // The forward's philox_seed and philox_offset outputs: two 0-dim Int views of one buffer, written by
 // one kernel.
 TEST(CudaDropoutMask, PhiloxScalarsHoldTheSeedAndTheOffset) {
