@@ -10,7 +10,6 @@
 
 #include "ir/ir.h"
 #include "runtime/cuda/attention_rng.h"
-#include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernel_cache.h"
 #include "runtime/cuda/pointwise_codegen.h"
 #include "runtime/cuda/streams.h"
@@ -36,9 +35,8 @@ struct Params {
   int causal;          // top-left causal: (i, j) with j > i is masked out
   int vector_stores;   // the mask's address is 16-byte aligned: aligned groups store as one vector
 };
-// Positions within a row (j0, seq_kv, computed) are ints: the host refuses rows of 2^31 keys or more.
-__device__ __forceinline__ void storeMaskGroup(const Params& p, int seq_kv, long long e, int j0, const unsigned bits[4]) {
-  if (p.vector_stores && j0 >= 0 && j0 + 4 <= seq_kv && (e & 3) == 0) {
+__device__ __forceinline__ void storeMaskGroup(const Params& p, long long e, long long j0, const unsigned bits[4]) {
+  if (p.vector_stores && j0 >= 0 && j0 + 4 <= p.seq_kv && (e & 3) == 0) {
     if (p.element_bytes == 4)
       reinterpret_cast<uint4*>(p.mask)[e >> 2] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
     else
@@ -47,7 +45,7 @@ __device__ __forceinline__ void storeMaskGroup(const Params& p, int seq_kv, long
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    if (j0 + k < 0 || j0 + k >= seq_kv) continue;
+    if (j0 + k < 0 || j0 + k >= p.seq_kv) continue;
     if (p.element_bytes == 4)
       static_cast<unsigned int*>(p.mask)[e + k] = bits[k];
     else
@@ -56,9 +54,8 @@ __device__ __forceinline__ void storeMaskGroup(const Params& p, int seq_kv, long
 }
 // Two counters' eight elements from element e (the row's key j0): one 16-byte store (two for fp32)
 // where all eight lie in the row and e is 8-element aligned, else as two groups of four.
-__device__ __forceinline__ void storeMaskGroups(const Params& p, int seq_kv, long long e, int j0,
-                                                const unsigned bits[8]) {
-  if (p.vector_stores && j0 >= 0 && j0 + 8 <= seq_kv && (e & 7) == 0) {
+__device__ __forceinline__ void storeMaskGroups(const Params& p, long long e, long long j0, const unsigned bits[8]) {
+  if (p.vector_stores && j0 >= 0 && j0 + 8 <= p.seq_kv && (e & 7) == 0) {
     if (p.element_bytes == 4) {
       uint4* out = reinterpret_cast<uint4*>(p.mask) + (e >> 2);
       out[0] = make_uint4(bits[0], bits[1], bits[2], bits[3]);
@@ -69,8 +66,8 @@ __device__ __forceinline__ void storeMaskGroups(const Params& p, int seq_kv, lon
     }
     return;
   }
-  storeMaskGroup(p, seq_kv, e, j0, bits);
-  storeMaskGroup(p, seq_kv, e + 4, j0 + 4, bits + 4);
+  storeMaskGroup(p, e, j0, bits);
+  storeMaskGroup(p, e + 4, j0 + 4, bits + 4);
 }
 // The Philox key and offset: the parameters', or from device memory where the call passes them so.
 // Held in registers (writing them into the kernel's parameter struct would copy it to local memory).
@@ -89,8 +86,8 @@ __device__ __forceinline__ unsigned long long pairBase(const Params& p, long lon
 // the row before's): kept where the key is below `computed` (the keys a causal row sees) and its
 // uniform is >= p, compared as integers (keepFrom on the host says why that is the same test); a
 // counter past `computed` gets 0 without its draw.
-__device__ __forceinline__ void keepBits(const Params& p, const Key& key, unsigned long long counter, int j0,
-                                         int computed, unsigned bits[4]) {
+__device__ __forceinline__ void keepBits(const Params& p, const Key& key, unsigned long long counter, long long j0,
+                                         long long computed, unsigned bits[4]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) bits[k] = 0u;
   if (j0 >= computed) return;
@@ -102,48 +99,32 @@ __device__ __forceinline__ void keepBits(const Params& p, const Key& key, unsign
 }
 extern "C" __global__ void meshfuse_dropout_mask(const Params p) {
   const Key key = loadKey(p);
-  // A persistent grid (one wave: the host sizes it by the kernel's occupancy) walks the rows
-  // (batch, head, query i) of the local mask, block by block; a thread takes two Philox counters at
-  // a time: their eight words are the mask of eight consecutive global elements, so a row of seq_kv
-  // elements starting at word `lead` of its first counter spans (lead + seq_kv + 3) / 4 counters,
-  // the first and last maybe shared with the neighbouring rows (each row draws them and keeps its
-  // own words). Under a causal mask a counter whose elements all lie past the diagonal (cuDNN
-  // multiplies them by a probability of 0) gets 0 without its draw. Nsight Compute on the H100
-  // (GPT-3 mask, session 20): the integer ALU pipe is the busiest, so what a row costs besides its
-  // draws is kept small (row positions in 32 bits, no division per row).
-  const int seq_kv = static_cast<int>(p.seq_kv);
-  const long long rows = p.numel / p.seq_kv;
-  // Row r is (batch b, head h, query i) of the local mask; r steps by the grid, and so do b, h, i,
-  // carried by hand (the divisions run once, not per row: per row they cost 15% more instructions).
-  const long long pairs_step = gridDim.x / p.seq_q, step_i = gridDim.x % p.seq_q;
-  const long long step_h = pairs_step % p.heads, step_b = pairs_step / p.heads;
-  long long i = blockIdx.x % p.seq_q, h = (blockIdx.x / p.seq_q) % p.heads, b = blockIdx.x / p.seq_q / p.heads;
-  const unsigned long long pair_elements = static_cast<unsigned long long>(p.seq_q) * p.seq_kv;
-  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-    const unsigned long long pair = (b + p.batch_offset) * p.global_heads + h + p.head_offset;
-    const unsigned long long base = pair * pair_elements + static_cast<unsigned long long>(i) * p.seq_kv;
-    const int computed = p.causal ? static_cast<int>(min(p.seq_kv, i + 1)) : seq_kv;
-    const unsigned long long first = base >> 2;
-    const int lead = static_cast<int>(base & 3);
-    const int counters = (lead + seq_kv + 3) >> 2;
-    const long long row_start = row * p.seq_kv;
-    for (int t = 2 * static_cast<int>(threadIdx.x); t < counters; t += 2 * static_cast<int>(blockDim.x)) {
-      const int j0 = 4 * t - lead;  // the row position of the counter's word 0 (< 0: the row before's)
-      unsigned bits[8];
-      keepBits(p, key, first + t, j0, computed, bits);
-      keepBits(p, key, first + t + 1, j0 + 4, computed, bits + 4);  // past the row: 0, not drawn
-      storeMaskGroups(p, seq_kv, row_start + j0, j0, bits);
-    }
-    i += step_i;
-    h += step_h;
-    b += step_b;
-    if (i >= p.seq_q) {
-      i -= p.seq_q;
-      ++h;
-    }
-    if (h >= p.heads) {
-      h -= p.heads;
-      ++b;
+  // The grid's y walks the (batch, head) pairs and its x the query rows i of a pair, so a block
+  // divides out a pair's indices once rather than every thread per row (64-bit division is a long
+  // instruction sequence; on the H200 that change alone left the GPT-3 mask at 0.66 ms, a third of
+  // the write bandwidth: something else bounds it). A thread per Philox counter: its four words are the
+  // mask of four consecutive global elements, so a row of seq_kv elements starting at word `lead`
+  // of its first counter spans (lead + seq_kv + 3) / 4 counters, the first and last maybe shared
+  // with the neighbouring rows (each row draws them and keeps its own words). Under a causal mask a
+  // counter whose elements all lie past the diagonal (cuDNN multiplies them by a probability of 0)
+  // gets 0 without its draw.
+  const long long pairs = p.numel / (p.seq_q * p.seq_kv);
+  for (long long bh = blockIdx.y; bh < pairs; bh += gridDim.y) {
+    const unsigned long long pair_base = pairBase(p, bh);
+    for (long long i = blockIdx.x; i < p.seq_q; i += gridDim.x) {
+      const long long row = bh * p.seq_q + i;
+      const unsigned long long base = pair_base + (unsigned long long)i * p.seq_kv;
+      const long long computed = p.causal ? min(p.seq_kv, i + 1) : p.seq_kv;
+      const unsigned long long first = base >> 2;
+      const long long lead = static_cast<long long>(base & 3);
+      const long long counters = (lead + p.seq_kv + 3) >> 2;
+      for (long long t = 2 * threadIdx.x; t < counters; t += 2 * blockDim.x) {
+        const long long j0 = 4 * t - lead;  // the row position of the counter's word 0 (< 0: the row before's)
+        unsigned bits[8];
+        keepBits(p, key, first + t, j0, computed, bits);
+        keepBits(p, key, first + t + 1, j0 + 4, computed, bits + 4);  // past the row: 0, not drawn
+        storeMaskGroups(p, row * p.seq_kv + j0, j0, bits);
+      }
     }
   }
 }
@@ -173,9 +154,9 @@ extern "C" __global__ void meshfuse_dropout_mask_key_major(const Params p) {
         const unsigned long long g0 = pair_base + (unsigned long long)i * p.seq_kv + j_begin;  // (i, j_begin)
         const int j_first = 4 * c - (int)(g0 & 3);  // the tile column of the counter's word 0
         if (j_first >= cols) continue;
-        const int computed = static_cast<int>(p.causal ? min(p.seq_kv, i + 1) : p.seq_kv);
+        const long long computed = p.causal ? min(p.seq_kv, i + 1) : p.seq_kv;
         unsigned bits[4];
-        keepBits(p, key, (g0 >> 2) + c, static_cast<int>(j_begin) + j_first, computed, bits);
+        keepBits(p, key, (g0 >> 2) + c, j_begin + j_first, computed, bits);
 #pragma unroll
         for (int k = 0; k < 4; ++k)
           if (j_first + k >= 0 && j_first + k < cols) tile[j_first + k][r] = bits[k];
@@ -306,11 +287,6 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
                 p.causal ? 1 : 0,
                 reinterpret_cast<uintptr_t>(mask.data()) % 16 == 0 ? 1 : 0};
   if (params.numel == 0) return mask;
-  // The kernels hold positions within a row, and the local (batch, head) pair, in 32 bits.
-  if (p.seq_kv >= (int64_t{1} << 31) - 16 || p.seq_q >= (int64_t{1} << 31) || p.batch * p.heads >= (int64_t{1} << 31))
-    throw UserError("attention dropout mask: " + std::to_string(p.seq_q) + " x " + std::to_string(p.seq_kv) +
-                    " scores per head, " + std::to_string(p.batch * p.heads) +
-                    " heads: the CUDA mask kernel takes fewer than 2^31 of each");
   if (key_major) {
     KernelFunction kernel = cachedKernel(
         device, "meshfuse_dropout_mask_key_major", [] { return dropoutMaskSource(); },
@@ -324,18 +300,13 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
   }
   KernelFunction kernel = cachedKernel(
       device, "meshfuse_dropout_mask", [] { return dropoutMaskSource(); }, "meshfuse_dropout_mask");
-  // One wave of blocks, as many as the multiprocessors hold at once: the GPT-3 mask's former grid of
-  // 16 blocks a multiprocessor ran 3.2 waves on the H100, its last a fifth full (Nsight Compute).
-  constexpr int kThreads = 256;
-  int per_multiprocessor = 0;
-  {
-    DeviceGuard guard(device);
-    MESHFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_multiprocessor, reinterpret_cast<const void*>(kernel), kThreads, 0));
-  }
-  const int64_t rows = p.batch * p.heads * p.seq_q;
-  const int64_t grid = std::min<int64_t>(rows, int64_t{std::max(1, per_multiprocessor)} * multiprocessorCount(device));
-  launchKernel(kernel, static_cast<unsigned>(grid), kThreads, currentStream(device), &params);
+  // About 16 blocks a multiprocessor: every (batch, head) pair on the grid's y (up to its limit),
+  // the query rows of a pair spread over x.
+  const int64_t pairs = p.batch * p.heads, target = int64_t{multiprocessorCount(device)} * 16;
+  const int64_t grid_y = std::min<int64_t>(pairs, 65535);
+  const int64_t grid_x = std::min<int64_t>(p.seq_q, std::max<int64_t>(1, (target + grid_y - 1) / grid_y));
+  launchKernel(kernel, static_cast<unsigned>(grid_x), 256, currentStream(device), &params, 0,
+               static_cast<unsigned>(grid_y));
   return mask;
 }
 
