@@ -48,7 +48,8 @@ float dropoutScaleCorrection(double dropout_p, DataType mask_dtype);
 // MESHFUSE_ATTENTION_BACKWARD_MASK=key_major|query_major picks the backward's, read at each call.
 // Default query_major: on the H100 (GPT-3 attention, session 19) cuDNN's backward read a key-major
 // mask 0.22 ms faster (2.82 -> 2.60 ms; still 3x its in-kernel dropout's, so the read order is not
-// what makes it slow), but the tiled kernel drawing it took 1.22 ms against the row kernel's 0.70.
+// what makes it slow), but the tiled kernel drawing it took 1.22 ms against the row kernel's 0.70
+// (session 20: 0.94-1.01 ms against 0.42, bench_cuda_ops --mask).
 enum class MaskOrder { QueryMajor, KeyMajor };
 MaskOrder backwardMaskOrderFromEnvironment();
 
