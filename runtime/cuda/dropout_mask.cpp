@@ -101,13 +101,14 @@ extern "C" __global__ void meshfuse_dropout_mask(const Params p) {
   const Key key = loadKey(p);
   // The grid's y walks the (batch, head) pairs and its x the query rows i of a pair, so a block
   // divides out a pair's indices once rather than every thread per row (64-bit division is a long
-  // instruction sequence; on the H200 that change alone left the GPT-3 mask at 0.66 ms, a third of
-  // the write bandwidth: something else bounds it). A thread per Philox counter: its four words are the
-  // mask of four consecutive global elements, so a row of seq_kv elements starting at word `lead`
+  // instruction sequence). A thread takes two Philox counters at a time: their eight words are the
+  // mask of eight consecutive global elements, so a row of seq_kv elements starting at word `lead`
   // of its first counter spans (lead + seq_kv + 3) / 4 counters, the first and last maybe shared
   // with the neighbouring rows (each row draws them and keeps its own words). Under a causal mask a
   // counter whose elements all lie past the diagonal (cuDNN multiplies them by a probability of 0)
-  // gets 0 without its draw.
+  // gets 0 without its draw. On the H100 (GPT-3 mask, session 20) this takes 0.42 ms, 59% of a
+  // memset's rate, with the integer ALU pipe the busiest (Nsight Compute); a persistent one-wave grid
+  // with 32-bit row positions ran slower (more instructions: BENCHMARKS.md).
   const long long pairs = p.numel / (p.seq_q * p.seq_kv);
   for (long long bh = blockIdx.y; bh < pairs; bh += gridDim.y) {
     const unsigned long long pair_base = pairBase(p, bh);
@@ -265,6 +266,7 @@ MaskOrder backwardMaskOrderFromEnvironment() {
 Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const void* seed_at, const void* offset_at,
                    MaskOrder order) {
   const bool key_major = order == MaskOrder::KeyMajor;
+  const uint64_t keep_from = keepFrom(p.dropout_p);
   Tensor mask =
       key_major
           ? Tensor::empty({p.batch, p.heads, p.seq_kv, p.seq_q}, dtype, Device::cuda(device)).permute({0, 1, 3, 2})
@@ -281,8 +283,8 @@ Tensor dropoutMask(int device, const AttentionParams& p, DataType dtype, const v
                 p.head_offset,
                 p.global_heads,
                 mask.numel(),
-                static_cast<uint32_t>(std::min<uint64_t>(keepFrom(p.dropout_p), UINT32_MAX)),
-                keepFrom(p.dropout_p) > UINT32_MAX ? 0u : keptBits(dtype, keepScale(p.dropout_p)),
+                static_cast<uint32_t>(std::min<uint64_t>(keep_from, UINT32_MAX)),
+                keep_from > UINT32_MAX ? 0u : keptBits(dtype, keepScale(p.dropout_p)),
                 static_cast<int>(dataTypeSize(dtype)),
                 p.causal ? 1 : 0,
                 reinterpret_cast<uintptr_t>(mask.data()) % 16 == 0 ? 1 : 0};
