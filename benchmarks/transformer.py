@@ -4,7 +4,9 @@ same work, in one table.
 CPU, tensor parallel over MPI ranks (one rank per process; torch's side is a Megatron layer with
 manual all_reduce over its gloo process group):
     mpirun -np 2 /usr/bin/python3 benchmarks/transformer.py --device cpu --hidden 1024 --sequence 512
-(--breakdown 5 adds rank 0's time per segment kind, from traces of five more meshfuse steps.)
+(--breakdown 5 adds rank 0's time per segment kind, from traces of five more meshfuse steps;
+--backend gloo runs meshfuse's communication on Gloo too, as torch's side does, instead of `auto`,
+which is MPI under mpirun on the CPU.)
 GPU, one device (the GPT-3 layer, causal, dropout 0.1), against torch eager and torch.compile:
     python3 benchmarks/transformer.py --device cuda --batch 1 --sequence 2048 --heads 96 --hidden 12288
 With several GPUs (one rank per GPU) the same command under mpirun runs TP over d = world size.
@@ -29,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from meshfuse import DataType  # noqa: E402
+from meshfuse import CommunicatorBackend, DataType  # noqa: E402
 from meshfuse.models import transformer as tf  # noqa: E402
 from meshfuse.multidevice import Communicator  # noqa: E402
 from meshfuse.torch import TransformerLayer  # noqa: E402
@@ -149,7 +151,8 @@ def run_cpu(args):
     cfg = tf.TransformerConfig(batch=args.batch, sequence=args.sequence, heads=args.heads, hidden=args.hidden,
                                dtype=DataType.Float, dropout_p=args.dropout)
     schedule = "tp" if d > 1 else "none"
-    layer = TransformerLayer(cfg, schedule=schedule)
+    backend = None if args.backend == "auto" else getattr(CommunicatorBackend, args.backend)
+    layer = TransformerLayer(cfg, schedule=schedule, backend=backend)
     rng = np.random.default_rng(0)
     x_global = rng.standard_normal((cfg.batch, cfg.sequence, cfg.hidden)).astype(np.float32)
     x = layer.shard_input(x_global).requires_grad_(True)
@@ -189,7 +192,7 @@ def run_cpu(args):
         torch.distributed.destroy_process_group()
     if rank == 0:
         print(f"# transformer layer, CPU, {d} rank(s) ({schedule}), b={cfg.batch} s={cfg.sequence} e={cfg.hidden} "
-              f"h={cfg.heads} fp32, threads/rank={torch.get_num_threads()}")
+              f"h={cfg.heads} fp32, threads/rank={torch.get_num_threads()}, meshfuse backend {args.backend}")
         print(f"{'pass':<18}{'meshfuse ms':>13}{'torch gloo ms':>15}{'speed-up':>10}{'GFLOP/s mf':>12}")
         for name, mf, tt, ratio in rows:
             # (Before session 15 the forward+backward row counted the backward's alone, a third low.
@@ -406,6 +409,8 @@ def main():
     ap.add_argument("--trace-dir", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--attention-dropout", type=float, default=None,
                     help="dropout inside attention, both sides (default: --dropout)")
+    ap.add_argument("--backend", choices=["auto", "mpi", "gloo", "ucc"], default="auto",
+                    help="CPU: meshfuse's communicator backend (torch's side always runs gloo)")
     ap.add_argument("--breakdown", type=int, default=0, metavar="STEPS",
                     help="CPU: also trace STEPS meshfuse steps and print rank 0's time per segment kind")
     ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact"],
