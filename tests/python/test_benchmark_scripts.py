@@ -60,10 +60,16 @@ def test_host_overhead_table():
     assert "cached execute of add" in out, out
 
 
-def test_transformer_cpu_one_rank():
+@pytest.mark.parametrize("backend", ["auto", "gloo"])
+def test_transformer_cpu_one_rank(backend):
     pytest.importorskip("torch")  # its peer is the same layer in torch
+    if backend != "auto":
+        from meshfuse import CommunicatorBackend
+        from meshfuse.multidevice import Communicator
+        if getattr(CommunicatorBackend, backend) not in Communicator.instance().available_backends():
+            pytest.skip(f"this build has no {backend} backend")
     out = run_script("benchmarks/transformer.py", "--device", "cpu", "--hidden", "64", "--sequence", "32", "--heads",
-                     "4", "--iters", "1", "--warmup", "1", "--breakdown", "1")
+                     "4", "--iters", "1", "--warmup", "1", "--breakdown", "1", "--backend", backend)
     for row in ("forward ", "forward+backward ", "rank 0 forward ms by segment kind", "rank 0 backward ms",
-                "# GEMM floor:"):
+                "# GEMM floor:", f"meshfuse backend {backend}"):
         assert row in out, out
