@@ -32,6 +32,27 @@ float maskValue(const Tensor& mask, int64_t e) {
   }
 }
 
+// How a drawn mask (query-major, on the CPU) compares with the CPU's draws element by element:
+// elements whose kept/dropped state or kept value (`keep`, the keep scale in the mask's dtype)
+// differ, and how many the CPU keeps.
+struct Agreement {
+  int64_t differ = 0, kept = 0, elements = 0;
+};
+Agreement agreementWithCpuDraws(const Tensor& mask, const AttentionParams& p, float keep) {
+  Agreement a;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < p.seq_q; ++i)
+        for (int64_t j = 0; j < p.seq_kv; ++j, ++a.elements) {
+          const double u = philox::drawElement(p.dropoutIndex(b, h, i, j), p.offset, p.seed, false, false, 0, 1);
+          const bool want = (!p.causal || j <= i) && static_cast<float>(u) >= static_cast<float>(p.dropout_p);
+          const float got = maskValue(mask, a.elements);
+          a.differ += (got != 0) != want || (want && got != keep);
+          a.kept += want;
+        }
+  return a;
+}
+
 TEST(CudaDropoutMask, EveryElementIsItsGlobalIndexsDraw) {
   std::string why;
   if (cuda::deviceCount(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
@@ -65,22 +86,9 @@ TEST(CudaDropoutMask, EveryElementIsItsGlobalIndexsDraw) {
           ASSERT_EQ(drawn.shape(), (std::vector<int64_t>{s.batch, s.heads, s.seq_q, s.seq_kv}));
           // Key-major: the view of a [b, h, s_kv, s_q] buffer (a query's neighbour is the next element).
           EXPECT_EQ(drawn.strides()[2] == 1, key_major);
-          const Tensor mask = drawn.contiguous().to(Device::cpu());
-          const float keep = 1.25f;  // the keep scale
-          int64_t differ = 0, kept = 0, e = 0;
-          for (int64_t b = 0; b < s.batch; ++b)
-            for (int64_t h = 0; h < s.heads; ++h)
-              for (int64_t i = 0; i < s.seq_q; ++i)
-                for (int64_t j = 0; j < s.seq_kv; ++j, ++e) {
-                  const double u =
-                      philox::drawElement(p.dropoutIndex(b, h, i, j), p.offset, p.seed, false, false, 0, 1);
-                  const bool want = (!causal || j <= i) && static_cast<float>(u) >= static_cast<float>(p.dropout_p);
-                  const float got = maskValue(mask, e);
-                  differ += (got != 0) != want || (want && got != keep);
-                  kept += want;
-                }
-          EXPECT_EQ(differ, 0);
-          EXPECT_GT(kept, 0);
+          const Agreement a = agreementWithCpuDraws(drawn.contiguous().to(Device::cpu()), p, 1.25f);  // keep scale
+          EXPECT_EQ(a.differ, 0);
+          EXPECT_GT(a.kept, 0);
         }
 }
 
@@ -101,20 +109,10 @@ TEST(CudaDropoutMask, KeepBoundAtItsEdges) {
     p.seed = 99;
     p.offset = 7;
     const Tensor mask = cuda::dropoutMask(0, p, DataType::Float).to(Device::cpu());
-    const float keep = static_cast<float>(1.0 / (1.0 - dropout_p));
-    int64_t differ = 0, kept = 0, e = 0;
-    for (int64_t h = 0; h < p.heads; ++h)
-      for (int64_t i = 0; i < p.seq_q; ++i)
-        for (int64_t j = 0; j < p.seq_kv; ++j, ++e) {
-          const double u = philox::drawElement(p.dropoutIndex(0, h, i, j), p.offset, p.seed, false, false, 0, 1);
-          const bool want = static_cast<float>(u) >= static_cast<float>(dropout_p);
-          const float got = maskValue(mask, e);
-          differ += (got != 0) != want || (want && got != keep);
-          kept += want;
-        }
-    EXPECT_EQ(differ, 0);
-    if (dropout_p > 0.9) EXPECT_EQ(kept, 0);
-    if (dropout_p == 0.0) EXPECT_EQ(kept, e);
+    const Agreement a = agreementWithCpuDraws(mask, p, static_cast<float>(1.0 / (1.0 - dropout_p)));
+    EXPECT_EQ(a.differ, 0);
+    if (dropout_p > 0.9) EXPECT_EQ(a.kept, 0);
+    if (dropout_p == 0.0) EXPECT_EQ(a.kept, a.elements);
   }
 }
 
