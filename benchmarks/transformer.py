@@ -151,8 +151,7 @@ def run_cpu(args):
     cfg = tf.TransformerConfig(batch=args.batch, sequence=args.sequence, heads=args.heads, hidden=args.hidden,
                                dtype=DataType.Float, dropout_p=args.dropout)
     schedule = "tp" if d > 1 else "none"
-    backend = None if args.backend == "auto" else getattr(CommunicatorBackend, args.backend)
-    layer = TransformerLayer(cfg, schedule=schedule, backend=backend)
+    layer = TransformerLayer(cfg, schedule=schedule, backend=getattr(CommunicatorBackend, args.backend))
     rng = np.random.default_rng(0)
     x_global = rng.standard_normal((cfg.batch, cfg.sequence, cfg.hidden)).astype(np.float32)
     x = layer.shard_input(x_global).requires_grad_(True)
