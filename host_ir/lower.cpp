@@ -7,6 +7,7 @@
 
 #include "host_ir/cast_forwarding.h"
 #include "host_ir/matmul_epilogue.h"
+#include "host_ir/wait_placement.h"
 #include "multidevice/axis_map.h"
 #include "multidevice/communicator.h"
 #include "multidevice/resharding.h"
@@ -101,7 +102,7 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
   forwardWideningCasts(fusion, *hic_);
   finishSegments(fusion);
   recordRandomBlocks(shapes);
-  placeWaits();
+  placeWaits(*hic_);
   return std::move(hic_);
 }
 
@@ -496,42 +497,6 @@ void HostIrLower::finishSegments(const Fusion& fusion) {
       }
     }
   }
-}
-
-void HostIrLower::placeWaits() {
-  std::vector<Instruction> program;
-  std::vector<int> pending;  // communications posted and not yet waited for
-  auto reads = [&](const Instruction& ins, const TensorView* tv) {
-    switch (ins.kind) {
-      case Instruction::Kind::LaunchSegment: {
-        const auto& in = hic_->segments[ins.index].inputs;
-        return std::find(in.begin(), in.end(), tv) != in.end();
-      }
-      case Instruction::Kind::PostCommunication: return hic_->communications[ins.index].in == tv;
-      case Instruction::Kind::LocalSlice:
-      case Instruction::Kind::LocalCopy: return ins.in == tv;
-      case Instruction::Kind::StreamForLoop: {
-        const StreamLoop& loop = hic_->loops[ins.index];
-        const auto& in = hic_->segments[loop.segment].inputs;
-        return hic_->communications[loop.communication].in == tv || std::find(in.begin(), in.end(), tv) != in.end();
-      }
-      default: return false;
-    }
-  };
-  for (const Instruction& ins : hic_->program) {
-    for (auto it = pending.begin(); it != pending.end();) {
-      if (reads(ins, hic_->communications[*it].out)) {
-        program.push_back(Instruction{Instruction::Kind::Wait, *it});
-        it = pending.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    program.push_back(ins);
-    if (ins.kind == Instruction::Kind::PostCommunication) pending.push_back(ins.index);
-  }
-  for (int p : pending) program.push_back(Instruction{Instruction::Kind::Wait, p});
-  hic_->program = std::move(program);
 }
 
 }  // namespace meshfuse

@@ -34,7 +34,6 @@ class HostIrLower {
   bool viewsAheadOfOpenPointwise(const Expr* e) const;
   void lowerResharding(const Expr* e);
   void finishSegments(const Fusion& fusion);
-  void placeWaits();
   HostIrLowerParams params_;
   CommunicatorBackend backend_ = CommunicatorBackend::Mpi;
   std::unique_ptr<HostIrContainer> hic_;

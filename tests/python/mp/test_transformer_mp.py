@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 import meshfuse  # noqa: E402
 import transformer_reference as ref  # noqa: E402
-from host_ir_lines import communications  # noqa: E402
+from host_ir_lines import communications, launched_while_in_flight  # noqa: E402
 from meshfuse import CommunicatorBackend, DataType, FusionDefinition, ParallelType  # noqa: E402
 from meshfuse.models import (BACKWARD_OUTPUTS, FORWARD_OUTPUTS, PARAMETERS, TransformerBackward,  # noqa: E402
                              TransformerConfig, TransformerForward, mesh_for, output_shardings,
@@ -98,6 +98,8 @@ def test_layer_matches_reference_on_every_rank(schedule, batch, backend):
     if schedule == "tp":
         assert fwd_comms == ["Allreduce"] * 2, fwd.host_ir()
         assert bwd_comms == ["Allreduce"] * 2, bwd.host_ir()
+        # Each input gradient's allreduce runs beside the weight-gradient GEMM that follows it.
+        assert all("matmul" in kinds for kinds in launched_while_in_flight(bwd)), bwd.host_ir()
     elif schedule == "sp":
         assert fwd_comms == ["Allgather", "ReduceScatter"] * 2, fwd.host_ir()
         # Megatron's: one gather each of the gradients entering the row-parallel linears and of
@@ -112,6 +114,8 @@ def test_layer_matches_reference_on_every_rank(schedule, batch, backend):
         assert teams(fwd) == tp_comms, fwd.host_ir()
         assert sorted(map(str, teams(bwd))) == sorted(map(str, tp_comms + [dp_team] * len(PARAMETERS))), \
             bwd.host_ir()
+        tp_flights = [kinds for kinds, team in zip(launched_while_in_flight(bwd), teams(bwd)) if team == tp_team]
+        assert all("matmul" in kinds for kinds in tp_flights), bwd.host_ir()
 
 
 def teams(fd):
