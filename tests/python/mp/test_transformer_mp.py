@@ -33,9 +33,10 @@ def config(schedule, batch=2):
                              dropout_p=0.2, attention_dropout_p=0.0)
 
 
-def gather(local, tv, mesh, sharding):
+def gather(local, tv, mesh, sharding, dtype=None):
     """The global array of an output sharded as `sharding` [(axis, ParallelType)] on `mesh`, by a
-    meshfuse allgather program; the local shard's shape is checked on the way."""
+    meshfuse allgather program on host arrays of `dtype` (default: the output's); the local shard's
+    shape is checked on the way."""
     if not sharding:
         assert list(local.shape) == list(tv.shape), f"{tv.name}: replicated output of shape {local.shape}"
         return local
@@ -44,7 +45,7 @@ def gather(local, tv, mesh, sharding):
         expected[axis] //= mesh.size_along(parallel)
     assert list(local.shape) == expected, f"{tv.name}: local shape {list(local.shape)}, expected {expected}"
     with FusionDefinition() as fd:
-        x = fd.define_tensor(list(tv.shape), tv.dtype)
+        x = fd.define_tensor(list(tv.shape), dtype or tv.dtype)
         y = fd.ops.set(x)
         fd.add_output(y)
         x.set_device_mesh(mesh)
