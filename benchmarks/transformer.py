@@ -265,6 +265,14 @@ def run_cuda(args):
     comm = Communicator.instance()
     d, rank = comm.size, comm.rank
     torch.cuda.set_device(rank % torch.cuda.device_count())
+    if d > 1:  # torch's Megatron allreduces: NCCL with a GPU per rank, else gloo (a functional run only)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29534")
+        torch_backend = "nccl" if torch.cuda.device_count() >= d else "gloo"
+        torch.distributed.init_process_group(torch_backend, rank=rank, world_size=d)
+        if torch_backend == "gloo" and rank == 0:
+            print(f"# {d} ranks share {torch.cuda.device_count()} GPU(s): torch communicates through gloo and the "
+                  f"ranks take turns on the GPU, so the times below check the script, they do not measure TP")
     # Attention dropout is --attention-dropout on both sides (default: --dropout, as in the GPT-3
     # layer; meshfuse hands cuDNN its Philox mask, runtime/cuda/dropout_mask.h), the residual
     # dropouts --dropout on both sides.
@@ -294,7 +302,9 @@ def run_cuda(args):
                 [("MESHFUSE_ATTENTION_BACKWARD_MASK", o) for o in args.backward_masks or []] +
                 [("MESHFUSE_ATTENTION_RNG", r) for r in args.rngs or []])
 
-    params = {n: full[n].cuda().requires_grad_(True) for n in tf.PARAMETERS}
+    # torch's layer takes this rank's shards, as meshfuse's does (TP: the column-parallel weights and
+    # biases by output features, the row-parallel weights by input features; all of them at d = 1).
+    params = {n: t.detach().clone().requires_grad_(True) for n, t in zip(tf.PARAMETERS, ins[1:])}
     xt = full["x"].cuda().requires_grad_(True)
     dy = torch.randn_like(xt)
 
@@ -339,24 +349,26 @@ def run_cuda(args):
     t = timed_rounds(fns, sync, args.warmup, args.iters)
     trace = os.path.join(args.trace_dir, "transformer_fwd_trace.json")
     fwd.execute(ins, trace=trace)
-    fwd_parts = trace_breakdown(trace)
+    fwd_parts = trace_breakdown(trace, pid=0) if rank == 0 else {}  # rank 0's segments (the file has every rank's)
     trace = os.path.join(args.trace_dir, "transformer_bwd_trace.json")
     bwd.execute(bwd_ins, trace=trace)
-    bwd_parts = trace_breakdown(trace)
-    if (args.profile or args.profile_timeline) and rank == 0:
-        print(f"# {'pass':<10} {'wall ms':>8} {'GPU busy ms':>12}  top kernels by GPU time (torch.profiler, CUPTI)")
-        for label, fn in (("mf fwd", lambda: fwd.execute(ins)), ("mf bwd", lambda: bwd.execute(bwd_ins)),
-                          ("torch fwd", lambda: torch_layer(xt, params, cfg, d)),
-                          ("torch step", lambda: step(torch_layer))):
-            with torch.no_grad() if label == "torch fwd" else contextlib.nullcontext():
-                kernel_profile(label, fn, sync, timeline=args.profile_timeline and label.startswith("mf"))
-                host_device_split(label, fn, sync, args.iters)
-        for env_name, value in variants:  # meshfuse's passes again under each variant asked for
-            with scoped_env(env_name, value):
-                for label, fn in (("mf fwd", lambda: fwd.execute(ins)), ("mf bwd", lambda: bwd.execute(bwd_ins))):
-                    label = f"{label} {value}"
-                    kernel_profile(label, fn, sync, timeline=args.profile_timeline)
+    bwd_parts = trace_breakdown(trace, pid=0) if rank == 0 else {}
+    if args.profile or args.profile_timeline:
+        # Every rank runs the profiled calls (at d > 1 they communicate); rank 0 prints.
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull if rank else sys.stdout):
+            print(f"# {'pass':<10} {'wall ms':>8} {'GPU busy ms':>12}  top kernels by GPU time (torch.profiler, CUPTI)")
+            for label, fn in (("mf fwd", lambda: fwd.execute(ins)), ("mf bwd", lambda: bwd.execute(bwd_ins)),
+                              ("torch fwd", lambda: torch_layer(xt, params, cfg, d)),
+                              ("torch step", lambda: step(torch_layer))):
+                with torch.no_grad() if label == "torch fwd" else contextlib.nullcontext():
+                    kernel_profile(label, fn, sync, timeline=args.profile_timeline and label.startswith("mf"))
                     host_device_split(label, fn, sync, args.iters)
+            for env_name, value in variants:  # meshfuse's passes again under each variant asked for
+                with scoped_env(env_name, value):
+                    for label, fn in (("mf fwd", lambda: fwd.execute(ins)), ("mf bwd", lambda: bwd.execute(bwd_ins))):
+                        label = f"{label} {value}"
+                        kernel_profile(label, fn, sync, timeline=args.profile_timeline)
+                        host_device_split(label, fn, sync, args.iters)
     if rank != 0:
         return
     print(f"# transformer layer, {torch.cuda.get_device_name()} x{d} ({schedule}), b={cfg.batch} s={cfg.sequence} "
