@@ -227,7 +227,7 @@ def gemm_floor_ms(cfg, d):
 
 def cpu_breakdown(layer, x, dy, args):
     """Rank 0's milliseconds per segment kind in the forward and backward fusions, from a trace of each
-    over args.breakdown steps (communication: mostly waiting for the other ranks)."""
+    over args.breakdown steps (communication wait: mostly waiting for the other ranks)."""
     from meshfuse.torch import _plain
     fwd, bwd = layer.forward_fusion, layer.backward_fusion
     params = [_plain(getattr(layer, n)) for n in tf.PARAMETERS]
@@ -247,17 +247,25 @@ def cpu_breakdown(layer, x, dy, args):
 
 
 def trace_breakdown(path, pid=None):
-    """Milliseconds per segment kind (and communication) in a meshfuse trace (of one rank: pid)."""
+    """Milliseconds per segment kind in a meshfuse trace (of one rank: pid), and "communication wait":
+    the time its compute lane spent in no segment between the first and the last, i.e. waiting for a
+    communication (or the host). Communications themselves are not summed: a post's event lasts to the
+    end of its wait, which includes the compute it ran beside (host_ir/wait_placement.h)."""
     import json
     with open(path) as f:
         events = json.load(f)
     events = events.get("traceEvents", events) if isinstance(events, dict) else events
-    total = {}
+    total, lanes = {}, {}
     for ev in events:
-        if ev.get("ph") != "X" or (pid is not None and ev.get("pid") != pid):
+        if ev.get("ph") != "X" or ev.get("cat") != "compute" or (pid is not None and ev.get("pid") != pid):
             continue
-        kind = ev["name"].split()[0] if ev.get("cat") == "compute" else "communication"
+        kind = ev["name"].split()[0]
         total[kind] = total.get(kind, 0.0) + ev["dur"] / 1e3
+        first, last, busy = lanes.get(ev.get("pid"), (ev["ts"], ev["ts"], 0.0))
+        lanes[ev.get("pid")] = (min(first, ev["ts"]), max(last, ev["ts"] + ev["dur"]), busy + ev["dur"])
+    wait = sum(last - first - busy for first, last, busy in lanes.values()) / 1e3
+    if wait > 0.005:
+        total["communication wait"] = wait
     return total
 
 

@@ -73,3 +73,26 @@ def test_transformer_cpu_one_rank(backend):
     for row in ("forward ", "forward+backward ", "rank 0 forward ms by segment kind", "rank 0 backward ms",
                 "# GEMM floor:", f"meshfuse backend {backend}"):
         assert row in out, out
+
+
+def test_transformer_breakdown_counts_waiting_not_communications_in_flight(tmp_path):
+    """A communication's trace event spans its post to the end of its wait, over the compute it ran
+    beside: the breakdown sums segments by kind and the compute lane's gaps, never those spans."""
+    pytest.importorskip("torch")
+    import importlib.util
+    import json
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    spec = importlib.util.spec_from_file_location("transformer_bench", os.path.join(ROOT, "benchmarks", "transformer.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    events = [  # rank 0: a GEMM with an allreduce in flight beside it, 3 ms of waiting, a normalization
+        {"name": "matmul T87", "cat": "compute", "ph": "X", "pid": 0, "tid": 0, "ts": 0.0, "dur": 10000.0},
+        {"name": "Allreduce T83", "cat": "communication", "ph": "X", "pid": 0, "tid": 1, "ts": 100.0, "dur": 12900.0},
+        {"name": "normalization T94", "cat": "compute", "ph": "X", "pid": 0, "tid": 0, "ts": 13000.0, "dur": 2000.0},
+        {"name": "matmul T87", "cat": "compute", "ph": "X", "pid": 1, "tid": 0, "ts": 0.0, "dur": 12000.0}]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert bench.trace_breakdown(str(path), pid=0) == pytest.approx(
+        {"matmul": 10.0, "normalization": 2.0, "communication wait": 3.0})
+    assert bench.trace_breakdown(str(path)) == pytest.approx(
+        {"matmul": 22.0, "normalization": 2.0, "communication wait": 3.0})
