@@ -237,7 +237,8 @@ namespace {
 // Knobs for A/B runs of benchmarks/norms.py (read once): MESHFUSE_NORM_PREFETCH=0 turns the next-row
 // L2 prefetch off and MESHFUSE_NORM_FENCE=0 the optimization fence; MESHFUSE_NORM_RECOMPUTE=1 sets
 // NormalizationVariant::recompute, MESHFUSE_NORM_MIN_BLOCKS ::min_blocks, MESHFUSE_NORM_BUDGET and
-// MESHFUSE_NORM_ITEMS the register budget and the items per thread aimed at. The H200 measurements
+// MESHFUSE_NORM_ITEMS the register budget and the items per thread aimed at, MESHFUSE_NORM_SPLIT=c
+// a cluster of c blocks a row even where one block holds it. The H200 measurements
 // behind the defaults are in BENCHMARKS.md (CUDA normalization, session 9).
 int envInt(const char* name, int fallback) {
   const char* e = std::getenv(name);
@@ -250,6 +251,7 @@ struct Tuning {
   bool fence = envInt("MESHFUSE_NORM_FENCE", 1) != 0;
   int budget = envInt("MESHFUSE_NORM_BUDGET", kRegisterBudget);
   int items = envInt("MESHFUSE_NORM_ITEMS", kItemsTarget);
+  int split = envInt("MESHFUSE_NORM_SPLIT", 1);
 };
 const Tuning& tuning() {
   static const Tuning t;
@@ -353,6 +355,17 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
     const int cap = std::min(tune.budget, 65536 / (out.threads_x * out.threads_y) - 32);
     return arrays * out.items * v.vec * words_per_value <= cap;
   };
+  // A row split over a cluster of c blocks (c = MESHFUSE_NORM_SPLIT) although one block holds it:
+  // blocks of fewer threads, two of different rows' clusters on a multiprocessor, so that one's
+  // reductions and stores overlap the other's loads.
+  auto clusterFits = [&](NormalizationVariant& c, int arrays) {
+    return fit(arrays, c, ceilDiv(packs, c.cluster)) && c.threads_y == 1 && c.threads_x > 32;
+  };
+  if (allow_clusters && tune.split > 1) {
+    NormalizationVariant c = v;
+    c.cluster = tune.split;
+    if (clusterFits(c, held + inputs)) return persistentVariant(c, n);
+  }
   if (fit(held + inputs, v, packs)) return persistentVariant(v, n);
   // Too many inputs to hold the row of each: stream them (re-read per pass from L1/L2) and keep
   // only the accumulators in registers, rather than a cluster or the multi-pass variant, whose outer
@@ -365,10 +378,7 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
   // A row past one block's registers: split over a cluster of 2, 4 or 8 blocks (the portable
   // cluster sizes), each holding an interleaved share, before multi-pass.
   // (After streaming, whose speed on the layer's backward segments at 12288 columns is measured.)
-  // `c` (its cluster set) fits when `arrays` row shares fit each block, one row a block.
-  auto clusterFits = [&](NormalizationVariant& c, int arrays) {
-    return fit(arrays, c, ceilDiv(packs, c.cluster)) && c.threads_y == 1 && c.threads_x > 32;
-  };
+  // (clusterFits: `c`, its cluster set, fits when `arrays` row shares fit each block, one row a block.)
   // Expensive values (softmax's exp) are recomputed there if holding them is what does not fit.
   for (int cluster = 2; allow_clusters && cluster <= 8; cluster *= 2) {
     for (bool recompute : {v.recompute, true}) {
