@@ -26,7 +26,9 @@ class ProgramBuilder {
     seg.outputs = {output};
     hic_.segments.push_back(seg);
     hic_.program.push_back(Instruction{Instruction::Kind::LaunchSegment, static_cast<int>(hic_.segments.size()) - 1});
-    names_[output] = (kind == Segment::Kind::View ? "view:" : kind == Segment::Kind::Matmul ? "matmul:" : "norm:") +
+    names_[output] = (kind == Segment::Kind::View     ? "view:"
+                      : kind == Segment::Kind::Matmul ? "matmul:"
+                                                      : "norm:") +
                      std::to_string(names_.size());
   }
   void post(TensorView* in, TensorView* out) {
@@ -97,8 +99,8 @@ TEST(WaitPlacement, AChainOfViewsIsHeldBackInOrder) {
 
 TEST(WaitPlacement, OnlyTheCommunicationsAReaderNeedsAreWaitedFor) {
   ProgramBuilder p;
-  TensorView *in0 = p.value(), *out0 = p.value(), *in1 = p.value(), *out1 = p.value(), *v0 = p.value(),
-             *v1 = p.value(), *y = p.value();
+  TensorView *in0 = p.value(), *out0 = p.value(), *in1 = p.value(), *out1 = p.value(), *v0 = p.value(), *v1 = p.value(),
+             *y = p.value();
   p.post(in0, out0);
   p.post(in1, out1);
   p.launch(Segment::Kind::View, {out0}, v0);
