@@ -455,14 +455,17 @@ TEST(CudaExecutorNormalization, EveryNormMatchesTheCpuAtEveryRowLengthAndDtype) 
 // Shapes that reach the kernels' other paths: many rows per block (each block walks several row
 // groups, so the alternating reduction buffers are reused between them), and rows of 12288 in
 // fp32, where the backward's per-element inputs no longer fit the registers and the streaming
-// variant re-reads them while its column accumulators stay in registers.
+// variant re-reads them while its column accumulators stay in registers. In bf16 at 12288 the
+// LayerNorm backward splits its rows over clusters of two blocks (splitsOverACluster): 24 rows
+// (one a cluster) and 600 (each cluster walks several).
 TEST(CudaExecutorNormalization, ManyRowsAndTheStreamingVariant) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(34);
   const std::vector<std::tuple<DataType, int64_t, int64_t>> shapes = {{DataType::BFloat16, 4096, 256},
                                                                       {DataType::Float, 3000, 96},
                                                                       {DataType::Float, 8, 12288},
-                                                                      {DataType::BFloat16, 24, 12288}};
+                                                                      {DataType::BFloat16, 24, 12288},
+                                                                      {DataType::BFloat16, 600, 12288}};
   for (testing_norms::Norm norm : testing_norms::kAllNorms) {
     for (const auto& [dt, rows, row] : shapes) checkNorm(norm, dt, rows, row, rng);
   }
