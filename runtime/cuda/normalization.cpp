@@ -379,8 +379,7 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
     // A row one block holds, split over a cluster of blocks with half the threads each where that
     // block would fill a multiprocessor's registers on its own: two blocks of different rows then
     // share each multiprocessor, so one's reductions and stores overlap the other's loads.
-    const int split = tune.split > 0 ? tune.split
-                                     : (splitsOverACluster(p, held + inputs, v, words_per_value) ? 2 : 1);
+    const int split = tune.split > 0 ? tune.split : (splitsOverACluster(p, held + inputs, v, words_per_value) ? 2 : 1);
     NormalizationVariant c = v;
     c.cluster = split;
     if (allow_clusters && split > 1 && clusterFits(c, held + inputs)) return persistentVariant(c, n);
