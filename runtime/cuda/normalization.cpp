@@ -237,9 +237,8 @@ namespace {
 // Knobs for A/B runs of benchmarks/norms.py (read once): MESHFUSE_NORM_PREFETCH=0 turns the next-row
 // L2 prefetch off and MESHFUSE_NORM_FENCE=0 the optimization fence; MESHFUSE_NORM_RECOMPUTE=1 sets
 // NormalizationVariant::recompute, MESHFUSE_NORM_MIN_BLOCKS ::min_blocks, MESHFUSE_NORM_BUDGET and
-// MESHFUSE_NORM_ITEMS the register budget and the items per thread aimed at; MESHFUSE_NORM_SPLIT=1
-// never splits a row one block holds over a cluster, =c > 1 always does (c blocks), unset leaves it
-// to splitsOverACluster. The H200 measurements
+// MESHFUSE_NORM_ITEMS the register budget and the items per thread aimed at; MESHFUSE_NORM_SPLIT=c
+// splits a row that one block holds over a cluster of c blocks. The H200 measurements
 // behind the defaults are in BENCHMARKS.md (CUDA normalization, session 9).
 int envInt(const char* name, int fallback) {
   const char* e = std::getenv(name);
@@ -252,7 +251,7 @@ struct Tuning {
   bool fence = envInt("MESHFUSE_NORM_FENCE", 1) != 0;
   int budget = envInt("MESHFUSE_NORM_BUDGET", kRegisterBudget);
   int items = envInt("MESHFUSE_NORM_ITEMS", kItemsTarget);
-  int split = envInt("MESHFUSE_NORM_SPLIT", 0);
+  int split = envInt("MESHFUSE_NORM_SPLIT", 1);
 };
 const Tuning& tuning() {
   static const Tuning t;
@@ -282,22 +281,6 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
   // Read on every call (not with the other knobs) so that a test can turn clusters on and off.
   return chooseNormalizationVariant(L, envInt("MESHFUSE_NORM_CLUSTER", 1) != 0 && clustersRunOn(L));
 }
-
-namespace {
-// Whether a row that one block of `v` holds (`arrays` row arrays) runs faster split over a cluster of
-// two: where the block's row values alone take half a multiprocessor's registers (one block a
-// multiprocessor, its memory idle while it reduces), for segments that reduce the row and also sum
-// columns across rows (a normalization backward). Measured on the GPT-3 layer's backward, H100,
-// [2048, 12288] bf16: LayerNorm 1's backward 236 -> 173 us, LayerNorm 0's 155 -> 123; the forward
-// LayerNorms (no column sums) 38 -> 50 and 158 -> 165 us and the bias gradients (no row reduction)
-// 31 -> 41 us were slower split, so they stay whole (BENCHMARKS.md, session 21).
-bool splitsOverACluster(const Program& p, int arrays, const NormalizationVariant& v, int words_per_value) {
-  const bool row_reduction = std::any_of(p.steps.begin(), p.steps.end(),
-                                         [](const Program::Step& st) { return isReduction(st.op) && !st.outer; });
-  const int64_t row_registers = int64_t{arrays} * v.items * v.vec * words_per_value * v.threads_x * v.threads_y;
-  return row_reduction && p.numOuterReductions() > 0 && row_registers > 65536 / 2;
-}
-}  // namespace
 
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bool allow_clusters) {
   const Program& p = L.program;
@@ -376,13 +359,14 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
     return fit(arrays, c, ceilDiv(packs, c.cluster)) && c.threads_y == 1 && c.threads_x > 32;
   };
   if (fit(held + inputs, v, packs)) {
-    // A row one block holds, split over a cluster of blocks with half the threads each where that
-    // block would fill a multiprocessor's registers on its own: two blocks of different rows then
-    // share each multiprocessor, so one's reductions and stores overlap the other's loads.
-    const int split = tune.split > 0 ? tune.split : (splitsOverACluster(p, held + inputs, v, words_per_value) ? 2 : 1);
+    // MESHFUSE_NORM_SPLIT=c: a row one block holds split over a cluster of c blocks of fewer threads
+    // all the same, two of different rows' clusters a multiprocessor (one's reductions and stores
+    // beside the other's loads). An A/B knob, not a default: on an H100 it sped up the GPT-3 layer's
+    // LayerNorm backwards (236 -> 173 and 155 -> 123 us) but slowed its forward LayerNorms, its bias
+    // gradients and the standalone LayerNorm backward of benchmarks/norms.py (BENCHMARKS.md, session 21).
     NormalizationVariant c = v;
-    c.cluster = split;
-    if (allow_clusters && split > 1 && clusterFits(c, held + inputs)) return persistentVariant(c, n);
+    c.cluster = tune.split;
+    if (allow_clusters && c.cluster > 1 && clusterFits(c, held + inputs)) return persistentVariant(c, n);
     return persistentVariant(v, n);
   }
   // Too many inputs to hold the row of each: stream them (re-read per pass from L1/L2) and keep

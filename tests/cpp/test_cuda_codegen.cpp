@@ -532,32 +532,6 @@ TEST(NormalizationCodegen, EveryTuningCompiles) {
   }
 }
 
-// At the GPT-3 layer's rows ([2048, 12288] bf16) the LayerNorm backward, whose row values fill a
-// multiprocessor's registers in one block, is split over a cluster of two blocks of half the threads
-// (two rows in flight a multiprocessor); the forward LayerNorm (no column sums) and the bias gradient
-// (no row reduction) stay one block a row, as they ran faster.
-TEST(NormalizationCodegen, OnlyTheWideBackwardSplitsOverACluster) {
-  using testing_norms::Norm;
-  for (Norm norm : {Norm::LayerNorm, Norm::LayerNormBackward}) {
-    NormSegment ns(norm, DataType::BFloat16, 2048, 12288);
-    auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
-    ASSERT_TRUE(launch.has_value());
-    const cuda::NormalizationVariant v = cuda::chooseNormalizationVariant(*launch);
-    EXPECT_EQ(v.cluster, norm == Norm::LayerNormBackward ? 2 : 1) << testing_norms::toString(norm) << " " << v.key();
-    EXPECT_TRUE(v.items > 0 && !v.stream && v.exact) << v.key();
-    EXPECT_EQ(cuda::chooseNormalizationVariant(*launch, false).cluster, 1) << "no clusters before sm_90";
-    ASSERT_NO_THROW(compile(cuda::generateNormalizationSource(launch->program, v, "norm_kernel")));
-  }
-  NormSegment bias([&](Fusion&, const testing_norms::InputFn& input) {
-    TensorView* dy = input(DataType::BFloat16, {2048, 12288}, -1, 1);
-    return std::vector<TensorView*>{
-        ops::cast(ops::reduction(OpType::Sum, ops::cast(dy, DataType::Float), {0}, false), DataType::BFloat16)};
-  });
-  auto launch = cuda::prepareNormalization(bias.seg, bias.shapes, bias.values, bias.outputs);
-  ASSERT_TRUE(launch.has_value());
-  EXPECT_EQ(cuda::chooseNormalizationVariant(*launch).cluster, 1) << "column sums alone stay whole";
-}
-
 // The cast back to bf16 at the end of a norm is one conversion at the store, not a round trip
 // through bf16 and a second conversion; LayerNorm's second and third passes start behind the
 // optimization fence (NormalizationVariant::fence) on its register-held input.

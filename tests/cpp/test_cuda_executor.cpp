@@ -455,9 +455,8 @@ TEST(CudaExecutorNormalization, EveryNormMatchesTheCpuAtEveryRowLengthAndDtype) 
 // Shapes that reach the kernels' other paths: many rows per block (each block walks several row
 // groups, so the alternating reduction buffers are reused between them), and rows of 12288 in
 // fp32, where the backward's per-element inputs no longer fit the registers and the streaming
-// variant re-reads them while its column accumulators stay in registers. In bf16 at 12288 the
-// LayerNorm backward splits its rows over clusters of two blocks (splitsOverACluster): 24 rows
-// (one a cluster) and 600 (each cluster walks several).
+// variant re-reads them while its column accumulators stay in registers. In bf16 at 12288, 24 rows
+// (fewer than the blocks) and 600 (each block walks several).
 TEST(CudaExecutorNormalization, ManyRowsAndTheStreamingVariant) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(34);
