@@ -355,6 +355,7 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
     const int cap = std::min(tune.budget, 65536 / (out.threads_x * out.threads_y) - 32);
     return arrays * out.items * v.vec * words_per_value <= cap;
   };
+  // `c` (its cluster set) fits when `arrays` row shares fit each block, one row a block.
   auto clusterFits = [&](NormalizationVariant& c, int arrays) {
     return fit(arrays, c, ceilDiv(packs, c.cluster)) && c.threads_y == 1 && c.threads_x > 32;
   };
@@ -380,7 +381,6 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
   // A row past one block's registers: split over a cluster of 2, 4 or 8 blocks (the portable
   // cluster sizes), each holding an interleaved share, before multi-pass.
   // (After streaming, whose speed on the layer's backward segments at 12288 columns is measured.)
-  // (clusterFits: `c`, its cluster set, fits when `arrays` row shares fit each block, one row a block.)
   // Expensive values (softmax's exp) are recomputed there if holding them is what does not fit.
   for (int cluster = 2; allow_clusters && cluster <= 8; cluster *= 2) {
     for (bool recompute : {v.recompute, true}) {

@@ -106,8 +106,8 @@ struct NormalizationVariant {
   bool exact = false;
   // Persistent only: the blocks of a thread-block cluster (sm_90) that share each row, for rows
   // longer than one block's registers hold (or any row, under MESHFUSE_NORM_SPLIT for A/B runs):
-  // each holds an interleaved share of the row, and the
-  // reductions combine the blocks' totals through distributed shared memory. 1: one block a row.
+  // each holds an interleaved share of the row, and the reductions combine the blocks' totals
+  // through distributed shared memory. 1: one block a row.
   int cluster = 1;
   // The blocks per multiprocessor the kernel is compiled for (__launch_bounds__'s second argument,
   // which caps the registers a thread may use); 0 leaves it to the compiler.

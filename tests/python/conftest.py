@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 import meshfuse  # noqa: E402
 from meshfuse import DataType, FusionDefinition  # noqa: E402
+from torch_gpu import torch_cuda  # noqa: E402
 
 # After a CUDA fault, the later CUDA tests report it instead of each failing on a dead context.
 pytest_plugins = ["cuda_fault_guard"]
@@ -67,8 +68,4 @@ def tolerance(dtype):
 
 def torch_cuda_available():
     """Whether torch is installed and sees a CUDA GPU (the CUDA tests' skip condition)."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    return torch_cuda() is not None

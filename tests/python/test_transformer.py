@@ -4,6 +4,7 @@ the forward returns, the backward against central finite differences of the forw
 one normalization segment per LayerNorm, the MLP's GELU (and its backward) folded into its matmul's
 segment as an epilogue, and the torch autograd wrapper training a toy regression
 (the loss falls). The multi-rank schedules are in mp/test_transformer_mp.py."""
+import dataclasses
 import os
 
 import numpy as np
@@ -146,8 +147,7 @@ def test_torch_layer_trains_on_cuda_in_bf16():
     from meshfuse.torch import TransformerLayer
     cfg = TransformerConfig(batch=2, sequence=16, heads=2, hidden=32, dtype=DataType.BFloat16, dropout_p=0.0)
     layer = TransformerLayer(cfg).cuda()
-    reference = TransformerLayer(TransformerConfig(batch=2, sequence=16, heads=2, hidden=32, dtype=DataType.Float,
-                                                   dropout_p=0.0))
+    reference = TransformerLayer(dataclasses.replace(cfg, dtype=DataType.Float))
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(cfg.batch, cfg.sequence, cfg.hidden, generator=gen)
     target = x @ (torch.randn(cfg.hidden, cfg.hidden, generator=gen) / cfg.hidden ** 0.5)

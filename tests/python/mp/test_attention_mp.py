@@ -11,6 +11,7 @@ from attention_reference import attention_grad_reference, attention_reference, d
 from attention_fusions import forward_and_backward  # noqa: E402
 from meshfuse import DataType, FusionDefinition, ParallelType  # noqa: E402
 from meshfuse.multidevice import Communicator, DeviceMesh, shard_tensor  # noqa: E402
+from torch_gpu import torch_cuda  # noqa: E402
 
 COMMUNICATIONS = ("Allgather", "Allreduce", "ReduceScatter", "AllToAll", "Broadcast", "Gather", "Scatter",
                   "Reduce", "SendRecv")
@@ -50,27 +51,19 @@ def test_sharded_attention_is_local(axis, dropout_p):
         np.testing.assert_allclose(got, shard_tensor(want, t, comm.rank), rtol=1e-3, atol=1e-4)
 
 
-def _torch_cuda():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
-
-
 def _mask_through_dv(dv, sq):
     """cuDNN's keep mask [b, h, s_q, s_kv] read from dV of a backward given dO = identity on its first
     s_q columns: dV[j, i] = (P * Z / (1 - p))[i, j]."""
     return dv.double().cpu().numpy()[..., :sq].swapaxes(-1, -2) > 0
 
 
-@pytest.mark.skipif(_torch_cuda() is None, reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+@pytest.mark.skipif(torch_cuda() is None, reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 def test_cudnn_rng_gives_each_head_shard_a_mask_of_its_own(monkeypatch):
     """MESHFUSE_ATTENTION_RNG=cudnn on heads sharded over every rank (attention_rng.h): each shard's
     forward and backward drop the same elements (out, dQ and dK match float64 with the mask read back
     through dV), and every shard but the first draws with a seed of its own, so its mask is not the one
     the op's own seed gives at the same local shape (which the first shard's is)."""
-    torch = _torch_cuda()
+    torch = torch_cuda()
     monkeypatch.setenv("MESHFUSE_ATTENTION_RNG", "cudnn")
     comm = Communicator.instance()
     n, rank = comm.size, comm.rank

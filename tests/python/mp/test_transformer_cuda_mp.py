@@ -19,26 +19,19 @@ from meshfuse.models import (BACKWARD_OUTPUTS, FORWARD_OUTPUTS, PARAMETERS, Tran
                              shard_inputs)
 from meshfuse.multidevice import Communicator, shard_tensor  # noqa: E402
 from test_transformer_mp import gather  # noqa: E402
+from torch_gpu import torch_cuda  # noqa: E402
 
 RANK, WORLD = Communicator.instance().rank, Communicator.instance().size
-
-
-def _torch_cuda():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
 
 
 def bf16_rounded(torch, a):
     return torch.from_numpy(a).to(torch.bfloat16).double().numpy()
 
 
-@pytest.mark.skipif(_torch_cuda() is None, reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+@pytest.mark.skipif(torch_cuda() is None, reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 @pytest.mark.parametrize("schedule", ["tp", "sp"])
 def test_bf16_layer_on_cuda_matches_reference_on_every_rank(schedule):
-    torch = _torch_cuda()
+    torch = torch_cuda()
     # Head dim 16 (cuDNN's rule: a multiple of 8); no dropout inside attention, whose mask on
     # sharded heads the reference would have to redraw (test_attention_mp.py covers that).
     cfg = TransformerConfig(batch=2, sequence=16 * WORLD, heads=2 * WORLD, hidden=32 * WORLD,
