@@ -22,10 +22,12 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 
 #include "runtime/attention_layout.h"
+#include "runtime/cuda/attention_plans.h"
 #include "runtime/cuda/attention_rng.h"
 #include "runtime/cuda/dropout_mask.h"
 #include "runtime/cuda/streams.h"
@@ -115,15 +117,17 @@ struct Built {
   int64_t workspace = 0;
   bool strided_inputs = false;  // false: q, k, v (o, dO) are bound as dense copies
   Layout layout;
+  bool tune = false;   // every plan built, the fastest chosen on the first call (attention_plans.h)
+  AttentionPlan plan;  // the chosen plan; index -1: the heuristics'
 };
 
 // The strides of q, k, v (forward; also o and dO backward) as the call holds them, by name.
 using InputStrides = std::map<std::string, std::vector<int64_t> >;
 
 // The last double: the dropout probability of a graph that draws its own mask (cuDNN's generator
-// takes it at build time), else 0.
+// takes it at build time), else 0; the last bool: every plan built for tuning.
 using Key = std::tuple<int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int,
-                       InputStrides, double, std::tuple<bool, bool, bool> >;
+                       InputStrides, double, std::tuple<bool, bool, bool>, bool>;
 
 std::vector<int64_t> rowMajor(const std::vector<int64_t>& dims) {
   std::vector<int64_t> strides(dims.size(), 1);
@@ -185,8 +189,10 @@ fe::DataType_t ioType(DataType dtype) {
 // `mask_dtype`: what the dropout mask holds (dropoutMaskDataType), when dropout is on and meshfuse
 // draws it; `cudnn_rng`: cuDNN draws it instead, from the "seed" and "offset" words.
 std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const AttentionParams& p, DataType dtype,
-                             const InputStrides* strides, DataType mask_dtype, bool cudnn_rng, const Layout& layout) {
+                             const InputStrides* strides, DataType mask_dtype, bool cudnn_rng, const Layout& layout,
+                             bool tune) {
   auto b = std::make_shared<Built>();
+  b->tune = tune;
   b->strided_inputs = strides != nullptr;
   b->layout.o_heads_inner = forward && layout.o_heads_inner;
   b->layout.mask_key_major = !forward && layout.mask_key_major;
@@ -239,9 +245,7 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
   }
   check(b->graph->validate(), "validate");
   check(b->graph->build_operation_graph(handle), "build_operation_graph");
-  check(b->graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
-  check(b->graph->check_support(handle), "check_support");
-  check(b->graph->build_plans(handle), "build_plans");
+  createAttentionPlans(*b->graph, handle, tune);
   check(b->graph->get_workspace_size(b->workspace), "get_workspace_size");
   return b;
 }
@@ -275,7 +279,8 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
                 maskKey(p, mask_dtype, cudnn_rng),
                 strides,
                 cudnn_rng ? p.dropout_p : 0.0,
-                wanted.tie()};
+                wanted.tie(),
+                attentionAutotuneEnabled()};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -293,7 +298,8 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
   std::shared_ptr<Built> built;
   for (size_t i = 0; i < layouts.size() && !built; ++i) {
     try {
-      built = build(handleFor(device), forward, p, dtype, layouts[i].first, mask_dtype, cudnn_rng, layouts[i].second);
+      built = build(handleFor(device), forward, p, dtype, layouts[i].first, mask_dtype, cudnn_rng, layouts[i].second,
+                    attentionAutotuneEnabled());
     } catch (const std::runtime_error&) {
       if (i + 1 == layouts.size()) throw;
     }
@@ -328,6 +334,14 @@ std::optional<GradientBuffer> gradientsLikeInputs(const Tensor& q, const Tensor&
   for (const Tensor* t : {&k, &v})
     if ((t->byteOffset() - q.byteOffset()) % 16 != 0) return std::nullopt;
   return gradientBufferLike(q, k, v);
+}
+
+// The graph's name in the tuning log: direction, shape, dtype, causal, dropout.
+std::string describe(const Expr& e, const AttentionParams& p, DataType dtype, bool cudnn_rng) {
+  return toString(e.op()) + " [" + std::to_string(p.batch) + ", " + std::to_string(p.heads) + ", " +
+         std::to_string(p.seq_q) + "x" + std::to_string(p.seq_kv) + ", " + std::to_string(p.head_dim) + "] " +
+         toString(dtype) + (p.causal ? " causal" : "") +
+         (p.dropout_p > 0 ? (cudnn_rng ? " dropout (cuDNN's)" : " dropout (meshfuse's mask)") : "");
 }
 
 int64_t readScalar(const Tensor& t) { return t.to(Device::cpu()).contiguous().dataAs<int64_t>()[0]; }
@@ -458,9 +472,20 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
       for (size_t index : {kBwdQ, kBwdK, kBwdV}) outputs.push_back(Tensor::empty(tensors[index].shape(), dtype, dev));
     for (size_t i = 0; i < 3; ++i) pack[built->tensors.at(std::string("d") + "qkv"[i])] = outputs[i].data();
   }
+  if (built->tune)
+    std::call_once(built->plan.tuned, [&] {
+      tuneAttentionPlan(built->plan, *built->graph, handle, pack, device, currentStream(device),
+                        describe(e, p, dtype, cudnn_rng));
+    });
   // Workspace from the caching allocator (as int64 words), freed back to it after the call is queued.
-  Tensor workspace = Tensor::empty({(built->workspace + 7) / 8}, DataType::Int, dev);
-  check(built->graph->execute(handle, pack, built->workspace > 0 ? workspace.data() : nullptr), "execute");
+  const int64_t plan = built->plan.index;
+  const int64_t workspace_bytes = plan >= 0 ? built->plan.workspace : built->workspace;
+  Tensor workspace = Tensor::empty({(workspace_bytes + 7) / 8}, DataType::Int, dev);
+  void* workspace_at = workspace_bytes > 0 ? workspace.data() : nullptr;
+  if (plan >= 0)
+    check(built->graph->execute_plan_at_index(handle, pack, workspace_at, plan), "execute");
+  else
+    check(built->graph->execute(handle, pack, workspace_at), "execute");
   return outputs;
 }
 

@@ -416,6 +416,34 @@ def test_cuda_dropout_forward_and_backward_match_float64(shape, p, causal, width
 
 @pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("p", [0.0, 0.1], ids=["p0", "p0.1"])
+@pytest.mark.parametrize("shape", [(2, 3, 200, 330, 64), (1, 2, 130, 70, 128)], ids=lambda s: "x".join(map(str, s)))
+def test_cuda_autotuned_plans_match_float64(shape, p, causal, monkeypatch):
+    # MESHFUSE_ATTENTION_AUTOTUNE=1 builds every plan cuDNN's heuristics offer and runs the fastest
+    # on its first call's tensors (runtime/cuda/attention_plans.h): whichever wins, out and every
+    # gradient match the float64 reference, on the tuning call and on the next (the chosen plan).
+    import torch
+    monkeypatch.setenv("MESHFUSE_ATTENTION_AUTOTUNE", "1")
+    rng = np.random.default_rng(23)
+    b, h, sq, skv, d = shape
+    q, k, v = qkv(rng, b, h, sq, skv, d)
+    go = rng.standard_normal(q.shape).astype(np.float32)
+    cuda_in = [torch.from_numpy(x).to(torch.bfloat16).cuda() for x in (q, k, v, go)]
+    fusion = backward_fusion([x.shape for x in (q, k, v, go)], dtype=BF16, dropout_p=p, is_causal=causal)
+    rq, rk, rv, rgo = (t.double().cpu().numpy() for t in cuda_in)
+    for call in range(2):
+        res = fusion.execute(cuda_in)
+        keep = dropout_keep([b, h, sq, skv], res[2], res[3], p) if p > 0 else None
+        ref_out, _, _ = attention_reference(rq, rk, rv, causal, keep=keep, p=p)
+        np.testing.assert_allclose(res[0].double().cpu().numpy(), ref_out, rtol=2e-2, atol=2e-2, err_msg=f"call {call}")
+        grads = attention_grad_reference(rq, rk, rv, rgo, causal, keep=keep, p=p)
+        for name, got, want in zip("qkv", res[4:], grads):
+            err = np.abs(got.double().cpu().numpy() - want).max() / max(1.0, np.abs(want).max())
+            assert err < 1.5e-2, f"call {call}, grad_{name}: max error {err:.3g} of the largest gradient"
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_cuda_gradients_of_one_projection_land_in_one_buffer_so_their_cat_is_a_view(causal):
     """q, k, v as permuted slices of one [b, s, h, 3d] projection, as the transformer feeds them:
     cuDNN writes dq, dk, dv with their strides into one buffer laid out as the projection, so the
