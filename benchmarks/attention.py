@@ -40,9 +40,9 @@ def gpu(args):
         return start.elapsed_time(end) / 1e3 / iters
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cudnn {torch.backends.cudnn.version()}")
-    # With dropout, meshfuse hands cuDNN its Philox mask (bf16 where bf16 holds 1 / (1 - p) exactly,
-    # as at p = 0.2, else fp32: runtime/cuda/dropout_mask.h) while torch draws its own mask in-kernel;
-    # the outputs then differ by design and the error column is left out.
+    # With dropout, cuDNN draws the mask in-kernel on both sides (by default: runtime/cuda/attention_rng.h;
+    # --rngs meshfuse also times meshfuse's Philox mask, the CPU's, handed to cuDNN: dropout_mask.h); the
+    # two masks differ by design and the error column is left out.
     # torch's forward is timed twice: on inputs that need no gradient (its inference kernels, which
     # skip the log-sum-exp) and on inputs that do (training: the kernel also writes the statistics
     # the backward reads, as meshfuse's sdpfa_fwd always does). "fwd train" is the like-for-like one.
@@ -191,8 +191,8 @@ if __name__ == "__main__":
     ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact"],
                     help="GPU, with dropout: time meshfuse under each MESHFUSE_ATTENTION_MASK width")
     ap.add_argument("--rngs", nargs="+", default=None, choices=["meshfuse", "cudnn"],
-                    help="GPU, with dropout: time meshfuse under each MESHFUSE_ATTENTION_RNG (cudnn: cuDNN's "
-                         "in-kernel dropout, a mask the CPU cannot draw)")
+                    help="GPU, with dropout: time meshfuse under each MESHFUSE_ATTENTION_RNG (cudnn, the default: "
+                         "cuDNN's in-kernel dropout, a mask the CPU cannot draw; meshfuse: the CPU's Philox mask)")
     ap.add_argument("--shapes", nargs="+", default=["1,96,2048", "4,32,4096", "1,32,8192"],
                     help="GPU: b,h,s triples (d = 128)")
     a = ap.parse_args()

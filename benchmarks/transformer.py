@@ -282,7 +282,8 @@ def run_cuda(args):
             print(f"# {d} ranks share {torch.cuda.device_count()} GPU(s): torch communicates through gloo and the "
                   f"ranks take turns on the GPU, so the times below check the script, they do not measure TP")
     # Attention dropout is --attention-dropout on both sides (default: --dropout, as in the GPT-3
-    # layer; meshfuse hands cuDNN its Philox mask, runtime/cuda/dropout_mask.h), the residual
+    # layer; cuDNN draws it in-kernel on both sides by default, and --rngs meshfuse also times
+    # meshfuse's Philox mask, the one the CPU draws: runtime/cuda/attention_rng.h), the residual
     # dropouts --dropout on both sides.
     cfg = tf.TransformerConfig(batch=args.batch, sequence=args.sequence, heads=args.heads, hidden=args.hidden,
                                dtype=DataType.BFloat16, dropout_p=args.dropout,
@@ -438,8 +439,8 @@ def main():
                     help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_BACKWARD_MASK order (how the "
                          "backward's dropout mask lies in memory for cuDNN)")
     ap.add_argument("--rngs", nargs="+", default=None, choices=["meshfuse", "cudnn"],
-                    help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_RNG (cudnn: cuDNN's in-kernel "
-                         "dropout, a mask the CPU cannot draw)")
+                    help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_RNG (cudnn, the default: cuDNN's "
+                         "in-kernel dropout, a mask the CPU cannot draw; meshfuse: the CPU's Philox mask)")
     ap.add_argument("--profile", action="store_true",
                     help="CUDA: also profile one call of each pass (GPU busy time and top kernels)")
     ap.add_argument("--profile-timeline", action="store_true",

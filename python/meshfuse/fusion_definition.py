@@ -216,9 +216,11 @@ class _Ops:
     def sdpfa_fwd(self, query, key, value, dropout_p=None, is_causal=None, scale=None):
         """Fused attention softmax(q k^T * scale) v (nvFuser's sdpfa_fwd): q [b, h, s_q, d], k [b, h, s_kv, d],
         v [b, h, s_kv, d_v]. Returns (out [b, h, s_q, d_v], log_sumexp [b, h, s_q] Float, philox_seed,
-        philox_offset), the last two 0-dim Int tensors that make the dropout mask reproducible (the mask
-        keeps element (b, h, i, j) where fd.ops.uniform over [b, h, s_q, s_kv] with that seed and offset
-        is >= dropout_p). Defaults: dropout_p 0, is_causal False (top-left aligned), scale 1/sqrt(d)."""
+        philox_offset), the last two 0-dim Int tensors that make the dropout mask reproducible. On CPU
+        tensors the mask keeps element (b, h, i, j) where fd.ops.uniform over [b, h, s_q, s_kv] with that
+        seed and offset is >= dropout_p; on CUDA tensors cuDNN draws it in-kernel from the same pair, in
+        a layout of its own (the CPU's mask with MESHFUSE_ATTENTION_RNG=meshfuse: README's settings).
+        Defaults: dropout_p 0, is_causal False (top-left aligned), scale 1/sqrt(d)."""
         self._attention_tensors("sdpfa_fwd", [("query", query), ("key", key), ("value", value)])
         dropout_p, is_causal, scale = self._attention_scalars("sdpfa_fwd", dropout_p, is_causal, scale)
         return _C.ops.sdpfa_fwd(query, key, value, dropout_p, is_causal, scale)

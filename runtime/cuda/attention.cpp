@@ -1,10 +1,10 @@
 // sdpfa_fwd / sdpfa_bwd on CUDA: cuDNN's fused flash attention built through the cuDNN frontend's
 // graph API. One graph (with its execution plan) is built per (device, direction, dtype, shapes,
 // causal, scale, dropout mask dtype) and cached; its workspace comes from meshfuse's caching allocator
-// and it runs on the device's current stream (the segment's). Dropout takes meshfuse's Philox mask
-// as an input (dropout_mask.h says why), so CPU and CUDA drop the same elements; or, with
-// MESHFUSE_ATTENTION_RNG=cudnn, cuDNN draws it in-kernel from the op's seed and offset
-// (attention_rng.h: faster, a mask the CPU cannot draw).
+// and it runs on the device's current stream (the segment's). Dropout is drawn in-kernel by cuDNN
+// from the op's seed and offset (attention_rng.h: a mask the CPU cannot draw); or, with
+// MESHFUSE_ATTENTION_RNG=meshfuse, the graph takes meshfuse's Philox mask as an input
+// (dropout_mask.h), so that CPU and CUDA drop the same elements, at about 3x the backward's time.
 #include "runtime/cuda/attention.h"
 
 #include <algorithm>

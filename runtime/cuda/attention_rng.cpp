@@ -12,11 +12,11 @@ namespace meshfuse::cuda {
 AttentionRng attentionRngFromEnvironment() {
   const char* e = std::getenv("MESHFUSE_ATTENTION_RNG");
   const std::string v = e == nullptr ? "" : e;
-  if (v.empty() || v == "meshfuse") return AttentionRng::Meshfuse;
-  if (v == "cudnn") return AttentionRng::Cudnn;
+  if (v.empty() || v == "cudnn") return AttentionRng::Cudnn;
+  if (v == "meshfuse") return AttentionRng::Meshfuse;
   throw UserError("MESHFUSE_ATTENTION_RNG=" + v +
-                  " is not one of meshfuse (the default: CPU and CUDA drop the same elements) and cudnn (cuDNN's "
-                  "in-kernel dropout: faster on CUDA, a mask the CPU cannot draw)");
+                  " is not one of cudnn (the default: cuDNN's in-kernel dropout, a mask the CPU cannot draw) and "
+                  "meshfuse (meshfuse's Philox mask: CPU and CUDA drop the same elements, slower on CUDA)");
 }
 
 uint64_t cudnnShardKey(const AttentionParams& p) {

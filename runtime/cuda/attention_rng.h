@@ -1,14 +1,17 @@
 // Who draws the dropout of fused attention on CUDA (MESHFUSE_ATTENTION_RNG, read at each call):
-//   meshfuse (the default): meshfuse's Philox stream, handed to cuDNN as an explicit mask
-//     (dropout_mask.h). CPU and CUDA then drop the same elements for the same philox_seed and
-//     philox_offset, as the sdpfa tests check; it costs a mask kernel per pass and cuDNN's slower
-//     custom-mask kernels (2.7 ms against 0.7 for the GPT-3 layer's attention backward on the H100).
-//   cudnn: cuDNN's own generator inside its kernels, seeded by the same philox_seed and
-//     philox_offset. The forward and the backward agree with each other (the backward regenerates the
-//     forward's mask) and a (seed, offset) pair still gives the same mask on every run, but the mask
-//     follows cuDNN's undocumented layout: the CPU kernel cannot draw it, so a fusion run on CPU and on
-//     CUDA drops different elements. For training on GPUs only, where that agreement is not needed.
-// Tensor-parallel runs (heads or batch sharded) give each shard a seed of its own (cudnnShardKey).
+//   cudnn (the default since session 22): cuDNN's own generator inside its kernels, seeded by the
+//     op's philox_seed and philox_offset, as torch's SDPA and nvFuser's sdpfa_fwd draw theirs. The
+//     forward and the backward agree with each other (the backward regenerates the forward's mask)
+//     and a (seed, offset) pair gives the same mask on every run, but the mask follows cuDNN's
+//     undocumented layout: the CPU kernel cannot draw it, so a fusion run on CPU and on CUDA drops
+//     different elements, and tensor-parallel shards draw masks of their own (cudnnShardKey), as
+//     Megatron's model-parallel generator does.
+//   meshfuse: meshfuse's Philox stream, handed to cuDNN as an explicit mask (dropout_mask.h). CPU and
+//     CUDA then drop the same elements for the same philox_seed and philox_offset, whatever the
+//     sharding, as the sdpfa tests check (they pin it); it costs a mask kernel per pass and cuDNN's
+//     slower custom-mask kernels (2.7 ms against 0.8 for the GPT-3 layer's attention backward on the
+//     H100, whichever of cuDNN's plans runs: attention_plans.h), about 10% of the layer's step. It was
+//     the default until session 22.
 // CUDA-free header.
 #pragma once
 #include <cstdint>

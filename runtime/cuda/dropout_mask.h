@@ -3,8 +3,8 @@
 // uniform of its global index g (AttentionParams::dropoutIndex: word g % 4 of counter g / 4) is
 // >= dropout_p. A thread draws two counters and writes their eight elements. cuDNN's own
 // in-kernel dropout derives its mask from Philox in a layout of its own that is not documented,
-// so it cannot be matched on the CPU; cuDNN takes this mask as its custom-mask input instead (unless
-// MESHFUSE_ATTENTION_RNG=cudnn asks for cuDNN's own, at that price: attention_rng.h).
+// so it cannot be matched on the CPU; under MESHFUSE_ATTENTION_RNG=meshfuse cuDNN takes this mask as
+// its custom-mask input instead of drawing its own (the default: attention_rng.h says what each costs).
 //
 // How a kept element is scaled by 1 / (1 - p) (MaskWidth): the mask holds the keep scale rounded to
 // the attention's dtype and cuDNN's dropout scale input carries what rounding left. A one-byte 0/1

@@ -765,13 +765,13 @@ void expectUserErrorSaying(const std::function<void()>& call, const std::vector<
   }
 }
 
-// MESHFUSE_ATTENTION_RNG: meshfuse's Philox mask by default (unset or empty), cuDNN's in-kernel
-// generator when asked for, and any other value an error naming both.
+// MESHFUSE_ATTENTION_RNG: cuDNN's in-kernel generator by default (unset or empty), meshfuse's Philox
+// mask when asked for, and any other value an error naming both.
 TEST(AttentionRng, TheEnvironmentPicksWhoDrawsTheMask) {
   using cuda::AttentionRng;
   {
     const testing::ScopedEnv rng("MESHFUSE_ATTENTION_RNG", "");
-    EXPECT_EQ(cuda::attentionRngFromEnvironment(), AttentionRng::Meshfuse);
+    EXPECT_EQ(cuda::attentionRngFromEnvironment(), AttentionRng::Cudnn);
   }
   for (const auto& [value, expected] : std::vector<std::pair<std::string, AttentionRng>>{
            {"meshfuse", AttentionRng::Meshfuse}, {"cudnn", AttentionRng::Cudnn}}) {

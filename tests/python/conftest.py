@@ -13,6 +13,12 @@ import meshfuse  # noqa: E402
 from meshfuse import DataType, FusionDefinition  # noqa: E402
 from torch_gpu import torch_cuda  # noqa: E402
 
+# CUDA attention's dropout is checked against float64 with the mask the CPU draws, which CUDA draws too
+# only under MESHFUSE_ATTENTION_RNG=meshfuse (runtime/cuda/attention_rng.h); the default, cuDNN's
+# in-kernel dropout, is checked by the tests that set it (test_attention_cudnn_rng.py, the sharded one
+# in mp/test_attention_mp.py).
+os.environ.setdefault("MESHFUSE_ATTENTION_RNG", "meshfuse")
+
 # After a CUDA fault, the later CUDA tests report it instead of each failing on a dead context.
 pytest_plugins = ["cuda_fault_guard"]
 

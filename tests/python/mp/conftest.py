@@ -1,7 +1,15 @@
 """Under mpirun, a rank whose tests failed ends the whole job once pytest has printed its report.
 Without this, a failure on one rank (pytest -x stops it) leaves the others to wait for it in their
 next collective until MESHFUSE_TIMEOUT, while the failed rank blocks in MPI_Finalize's barrier."""
+import os
+
 from meshfuse.multidevice import Communicator
+
+# CUDA attention's dropout is checked against float64 with the mask the CPU draws, which CUDA draws too
+# only under MESHFUSE_ATTENTION_RNG=meshfuse (runtime/cuda/attention_rng.h); the default, cuDNN's
+# in-kernel dropout, is checked by the tests that set it (test_attention_cudnn_rng.py, the sharded one
+# in mp/test_attention_mp.py).
+os.environ.setdefault("MESHFUSE_ATTENTION_RNG", "meshfuse")
 
 _failed_status = {}
 
