@@ -59,5 +59,5 @@ def test_an_unknown_attention_rng_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("MESHFUSE_ATTENTION_RNG", "curand")
     fwd, _ = fusions(1, 1, 16, 16, 64, 0.1, False)
     x = torch.zeros([1, 1, 16, 64], dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(Exception, match="MESHFUSE_ATTENTION_RNG=curand is not one of meshfuse"):
+    with pytest.raises(Exception, match="MESHFUSE_ATTENTION_RNG=curand is not one of cudnn"):
         fwd.execute([x, x, x])
