@@ -2,12 +2,14 @@
 #include "runtime/cuda/normalization.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 
 #include "runtime/cuda/cuda_check.h"
@@ -283,6 +285,10 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L) {
 }
 
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bool allow_clusters) {
+  return chooseNormalizationVariant(L, allow_clusters, tuning().split);
+}
+
+NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bool allow_clusters, int split) {
   const Program& p = L.program;
   const int64_t n = L.row_length;
   const int nl = static_cast<int>(p.loads.size());
@@ -360,13 +366,14 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
     return fit(arrays, c, ceilDiv(packs, c.cluster)) && c.threads_y == 1 && c.threads_x > 32;
   };
   if (fit(held + inputs, v, packs)) {
-    // MESHFUSE_NORM_SPLIT=c: a row one block holds split over a cluster of c blocks of fewer threads
-    // all the same, two of different rows' clusters a multiprocessor (one's reductions and stores
-    // beside the other's loads). An A/B knob, not a default: on an H100 it sped up the GPT-3 layer's
-    // LayerNorm backwards (236 -> 173 and 155 -> 123 us) but slowed its forward LayerNorms, its bias
-    // gradients and the standalone LayerNorm backward of benchmarks/norms.py (BENCHMARKS.md, session 21).
+    // `split` (MESHFUSE_NORM_SPLIT=c, or 2 where runNormalization times it): a row one block holds
+    // split over a cluster of c blocks of fewer threads all the same, two of different rows' clusters
+    // a multiprocessor (one's reductions and stores beside the other's loads). On an H100 it sped up
+    // the GPT-3 layer's LayerNorm backwards (236 -> 173 and 155 -> 123 us) but slowed its forward
+    // LayerNorms, its bias gradients and the standalone LayerNorm backward of benchmarks/norms.py
+    // (BENCHMARKS.md, session 21), so the default times it (tunedVariant, below).
     NormalizationVariant c = v;
-    c.cluster = tune.split;
+    c.cluster = split;
     if (allow_clusters && c.cluster > 1 && clusterFits(c, held + inputs)) return persistentVariant(c, n);
     return persistentVariant(v, n);
   }
@@ -441,11 +448,11 @@ const Compiled& compiled(int device, const Program& p, const NormalizationVarian
 
 }  // namespace
 
-void runNormalization(int device, const NormalizationLaunch& L) {
-  const Program& p = L.program;
-  const NormalizationVariant v = chooseNormalizationVariant(L);
-  const Compiled& c = compiled(device, p, v);
+namespace {
 
+// Launches variant `v` (compiled as `c`) of the segment on the device's current stream.
+void launchVariant(int device, const NormalizationLaunch& L, const NormalizationVariant& v, const Compiled& c) {
+  const Program& p = L.program;
   DeviceGuard guard(device);
   // A persistent grid: as many blocks as run at once (the row groups loop), capped at 2 blocks a
   // multiprocessor when outer reductions write a partial row per block.
@@ -498,6 +505,111 @@ void runNormalization(int device, const NormalizationLaunch& L) {
   const int64_t eblocks = std::max<int64_t>(1, std::min<int64_t>(tiles, int64_t{multiprocessorCount(device)} * 8));
   launchKernel(c.epilogue, static_cast<unsigned>(eblocks), kNormalizationEpilogueX, stream, words.data(), 0, 1,
                kNormalizationEpilogueY);
+}
+
+// Splitting a row over a cluster (MESHFUSE_NORM_SPLIT) is chosen by timing, where it may pay: on an
+// H100 it took the GPT-3 layer's two LayerNorm backwards from 236 and 155 us to 173 and 123 (two
+// rows in flight a multiprocessor where one 12-warp block of 137-146 registers a thread fitted) and
+// slowed the layer's forward LayerNorms, its bias gradients and norms.py's standalone LayerNorm
+// backward (BENCHMARKS.md, session 21); no estimate of the registers told them apart. So a segment
+// whose variant holds its row in one block a multiprocessor, and that a cluster of two can hold,
+// runs both on its first call of each shape (three launches each after a warm-up, on the call's own
+// tensors: a segment writes only fresh outputs, so a repeat is harmless) and keeps the faster by more
+// than 3%. MESHFUSE_NORM_AUTOTUNE=0 turns this off and =split splits every such segment untimed (for
+// tests and A/B runs; both read at each call); a MESHFUSE_NORM_SPLIT setting, or a CUDA graph being
+// captured, skips it. Small segments (under 4M elements) are not worth the timing.
+constexpr int64_t kTuneMinElements = int64_t{1} << 22;
+constexpr int kTuneRepeats = 3;
+constexpr double kTuneMargin = 0.97;
+
+enum class SplitTuning { Off, Timed, Always };
+SplitTuning splitTuning() {
+  const char* e = std::getenv("MESHFUSE_NORM_AUTOTUNE");
+  const std::string v = e == nullptr ? "" : e;
+  if (v == "0") return SplitTuning::Off;
+  if (v == "split") return SplitTuning::Always;
+  return SplitTuning::Timed;
+}
+
+bool normalizationTuneLogEnabled() {
+  static const bool enabled = std::getenv("MESHFUSE_NORM_TUNE_LOG") != nullptr;
+  return enabled;
+}
+
+// The mean time of kTuneRepeats launches of `v` after one warm-up, in ms.
+float timeVariant(int device, const NormalizationLaunch& L, const NormalizationVariant& v, const Compiled& c,
+                  cudaEvent_t start, cudaEvent_t stop) {
+  launchVariant(device, L, v, c);
+  const Stream stream = currentStream(device);
+  MESHFUSE_CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int r = 0; r < kTuneRepeats; ++r) launchVariant(device, L, v, c);
+  MESHFUSE_CUDA_CHECK(cudaEventRecord(stop, stream));
+  MESHFUSE_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  MESHFUSE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  return ms / kTuneRepeats;
+}
+
+// The variant that splits the row over a cluster of two blocks, where one fits (else cluster 1).
+NormalizationVariant chooseSplit(const NormalizationLaunch& L) {
+  return chooseNormalizationVariant(L, envInt("MESHFUSE_NORM_CLUSTER", 1) != 0 && clustersRunOn(L), 2);
+}
+
+// The variant to run: `v`, or the row split over a cluster of two where timing says so (above).
+NormalizationVariant tunedVariant(int device, const NormalizationLaunch& L, const NormalizationVariant& v,
+                                  const Compiled& c) {
+  const SplitTuning mode = splitTuning();
+  if (mode == SplitTuning::Off || tuning().split != 1 || v.cluster != 1 || v.items == 0 || v.stream || c.per_sm != 1 ||
+      L.rows * L.row_length < kTuneMinElements)
+    return v;
+  if (mode == SplitTuning::Always) {
+    const NormalizationVariant split = chooseSplit(L);
+    return split.cluster == 2 ? split : v;
+  }
+  static std::mutex mutex;
+  static std::map<std::string, bool> split_wins;  // by device, program, variant and shape
+  const std::string key = std::to_string(device) + "|" + L.program.key() + v.key() + "|" + std::to_string(L.rows) +
+                          "x" + std::to_string(L.row_length);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = split_wins.find(key); it != split_wins.end()) return it->second ? chooseSplit(L) : v;
+  }
+  const NormalizationVariant split = chooseSplit(L);
+  bool wins = false;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const Stream stream = currentStream(device);
+  if (split.cluster == 2 && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+      capture == cudaStreamCaptureStatusNone) {
+    const Compiled& cs = compiled(device, L.program, split);
+    DeviceGuard guard(device);
+    cudaEvent_t start = nullptr, stop = nullptr;
+    MESHFUSE_CUDA_CHECK(cudaEventCreate(&start));
+    MESHFUSE_CUDA_CHECK(cudaEventCreate(&stop));
+    const float one = timeVariant(device, L, v, c, start, stop);
+    const float two = timeVariant(device, L, split, cs, start, stop);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    wins = two < kTuneMargin * one;
+    if (normalizationTuneLogEnabled())
+      std::fprintf(stderr,
+                   "[meshfuse] normalization %lldx%lld %s: one block a row %.4f ms, a cluster of two %.4f ms%s\n",
+                   static_cast<long long>(L.rows), static_cast<long long>(L.row_length), v.key().c_str(), one, two,
+                   wins ? ": split" : "");
+  } else {
+    return v;  // no split fits, or a graph is being captured: decided on a later call
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  split_wins.emplace(key, wins);
+  return wins ? split : v;
+}
+
+}  // namespace
+
+void runNormalization(int device, const NormalizationLaunch& L) {
+  const NormalizationVariant chosen = chooseNormalizationVariant(L);
+  const Compiled& first = compiled(device, L.program, chosen);
+  const NormalizationVariant v = tunedVariant(device, L, chosen, first);
+  launchVariant(device, L, v, v.cluster == chosen.cluster ? first : compiled(device, L.program, v));
 }
 
 }  // namespace meshfuse::cuda

@@ -470,6 +470,22 @@ TEST(CudaExecutorNormalization, ManyRowsAndTheStreamingVariant) {
   }
 }
 
+// Rows that one block holds, at sizes where runNormalization times splitting them over a cluster of two
+// blocks (normalization.cpp): both ways give the CPU's results, whichever the timing picks. Split
+// forced (MESHFUSE_NORM_AUTOTUNE=split), never split (=0), and timed (the default, twice: the first
+// call times both and the second runs the one kept).
+TEST(CudaExecutorNormalization, RowsOneBlockHoldsSplitOrNotMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(37);
+  for (const char* mode : {"split", "0", "1", "1"}) {
+    ::setenv("MESHFUSE_NORM_AUTOTUNE", mode, 1);
+    for (testing_norms::Norm norm : testing_norms::kAllNorms)
+      for (const auto& [rows, row] : std::vector<std::pair<int64_t, int64_t>>{{600, 12288}, {2048, 4096}})
+        checkNorm(norm, DataType::BFloat16, rows, row, rng);
+  }
+  ::unsetenv("MESHFUSE_NORM_AUTOTUNE");
+}
+
 // Rows longer than one block holds, split over a thread-block cluster (the default): few long rows
 // (fewer than the multiprocessors), a row the cluster covers exactly and one it does not, every norm
 // and dtype, in one process, so that kernels cached for one row length meet the next (a cache key
