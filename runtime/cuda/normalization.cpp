@@ -512,8 +512,8 @@ void launchVariant(int device, const NormalizationLaunch& L, const Normalization
 // rows in flight a multiprocessor where one 12-warp block of 137-146 registers a thread fitted) and
 // slowed the layer's forward LayerNorms, its bias gradients and norms.py's standalone LayerNorm
 // backward (BENCHMARKS.md, session 21); no estimate of the registers told them apart. So a segment
-// whose variant holds its row in one block a multiprocessor, and that a cluster of two can hold,
-// runs both on its first call of each shape (three launches each after a warm-up, on the call's own
+// whose variant holds its row in one block, and that a cluster of two can hold, runs both on its
+// first call of each shape (three launches each after a warm-up, on the call's own
 // tensors: a segment writes only fresh outputs, so a repeat is harmless) and keeps the faster by more
 // than 3%. MESHFUSE_NORM_AUTOTUNE=0 turns this off and =split splits every such segment untimed (for
 // tests and A/B runs; both read at each call); a MESHFUSE_NORM_SPLIT setting, or a CUDA graph being
@@ -559,27 +559,32 @@ NormalizationVariant chooseSplit(const NormalizationLaunch& L) {
 NormalizationVariant tunedVariant(int device, const NormalizationLaunch& L, const NormalizationVariant& v,
                                   const Compiled& c) {
   const SplitTuning mode = splitTuning();
-  if (mode == SplitTuning::Off || tuning().split != 1 || v.cluster != 1 || v.items == 0 || v.stream || c.per_sm != 1 ||
-      L.rows * L.row_length < kTuneMinElements)
+  if (mode == SplitTuning::Off || tuning().split != 1 || v.cluster != 1 || L.rows * L.row_length < kTuneMinElements)
     return v;
-  if (mode == SplitTuning::Always) {
-    const NormalizationVariant split = chooseSplit(L);
-    return split.cluster == 2 ? split : v;
-  }
+  const NormalizationVariant split = v.items > 0 && !v.stream ? chooseSplit(L) : v;
+  if (mode == SplitTuning::Always) return split.cluster == 2 ? split : v;
   static std::mutex mutex;
   static std::map<std::string, bool> split_wins;  // by device, program, variant and shape
   const std::string key = std::to_string(device) + "|" + L.program.key() + v.key() + "|" + std::to_string(L.rows) +
                           "x" + std::to_string(L.row_length);
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = split_wins.find(key); it != split_wins.end()) return it->second ? chooseSplit(L) : v;
+    if (auto it = split_wins.find(key); it != split_wins.end()) return it->second ? split : v;
   }
-  const NormalizationVariant split = chooseSplit(L);
-  bool wins = false;
+  const auto log = [&](const std::string& what) {
+    if (normalizationTuneLogEnabled())
+      std::fprintf(stderr, "[meshfuse] normalization %lldx%lld %s (%d blocks a multiprocessor): %s\n",
+                   static_cast<long long>(L.rows), static_cast<long long>(L.row_length), v.key().c_str(), c.per_sm,
+                   what.c_str());
+  };
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   const Stream stream = currentStream(device);
-  if (split.cluster == 2 && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
-      capture == cudaStreamCaptureStatusNone) {
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+    return v;  // decided on a later call
+  bool wins = false;
+  if (split.cluster != 2) {
+    log(v.items == 0 ? "multi-pass, not split" : v.stream ? "streaming, not split" : "a split does not fit");
+  } else {
     const Compiled& cs = compiled(device, L.program, split);
     DeviceGuard guard(device);
     cudaEvent_t start = nullptr, stop = nullptr;
@@ -590,13 +595,10 @@ NormalizationVariant tunedVariant(int device, const NormalizationLaunch& L, cons
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
     wins = two < kTuneMargin * one;
-    if (normalizationTuneLogEnabled())
-      std::fprintf(stderr,
-                   "[meshfuse] normalization %lldx%lld %s: one block a row %.4f ms, a cluster of two %.4f ms%s\n",
-                   static_cast<long long>(L.rows), static_cast<long long>(L.row_length), v.key().c_str(), one, two,
-                   wins ? ": split" : "");
-  } else {
-    return v;  // no split fits, or a graph is being captured: decided on a later call
+    char line[160];
+    std::snprintf(line, sizeof line, "one block a row %.4f ms, a cluster of two %.4f ms%s", one, two,
+                  wins ? ": split" : "");
+    log(line);
   }
   std::lock_guard<std::mutex> lock(mutex);
   split_wins.emplace(key, wins);

@@ -44,7 +44,7 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launc
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch, bool allow_clusters);
 // The same with a row that one block holds split over a cluster of `split` blocks where that fits
 // (MESHFUSE_NORM_SPLIT's meaning; 1: not split). runNormalization times a split of 2 against the
-// unsplit variant where the latter runs one block a multiprocessor (normalization.cpp says why).
+// unsplit variant on large segments (normalization.cpp says why).
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch, bool allow_clusters, int split);
 
 // Compiles (cached) and launches on `device`'s current stream; the tensors must live there.

@@ -367,6 +367,25 @@ TEST(NormalizationCodegen, BiasGradientVariantByRowLength) {
   }
 }
 
+// A row that one block holds (12288 bf16 columns, every norm) can also be split over a cluster of two
+// blocks of half the threads, each holding the same share a thread: the variant runNormalization
+// times against the unsplit one (normalization.cpp).
+TEST(NormalizationCodegen, RowsOneBlockHoldsCanSplitOverAClusterOfTwo) {
+  for (testing_norms::Norm norm : testing_norms::kAllNorms) {
+    NormSegment ns(norm, DataType::BFloat16, 2048, 12288);
+    auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+    ASSERT_TRUE(launch.has_value()) << testing_norms::toString(norm);
+    const cuda::NormalizationVariant one = cuda::chooseNormalizationVariant(*launch, true, 1);
+    const cuda::NormalizationVariant two = cuda::chooseNormalizationVariant(*launch, true, 2);
+    EXPECT_EQ(one.cluster, 1) << one.key();
+    EXPECT_EQ(two.cluster, 2) << two.key();
+    EXPECT_TRUE(one.items > 0 && !one.stream && two.items == one.items && !two.stream) << one.key() << " " << two.key();
+    EXPECT_EQ(two.threads_x * 2, one.threads_x) << one.key() << " " << two.key();
+    // Without clusters (before sm_90) there is no split.
+    EXPECT_EQ(cuda::chooseNormalizationVariant(*launch, false, 2).cluster, 1);
+  }
+}
+
 TEST(NormalizationCodegen, EveryNormCompilesAtShortLongAndTooLongRows) {
   using testing_norms::Norm;
   for (Norm norm : testing_norms::kAllNorms) {
