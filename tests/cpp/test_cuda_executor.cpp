@@ -470,9 +470,9 @@ TEST(CudaExecutorNormalization, ManyRowsAndTheStreamingVariant) {
   }
 }
 
-// Rows that one block holds, at sizes where runNormalization times splitting them over a cluster of two
-// blocks (normalization.cpp): both ways give the CPU's results, whichever the timing picks. Split
-// forced (MESHFUSE_NORM_AUTOTUNE=split), never split (=0), and timed (the default, twice: the first
+// Rows that one block holds, at sizes where runNormalization may time splitting them over a cluster of
+// two blocks (normalization.cpp): both ways give the CPU's results, whichever the timing picks. Split
+// forced (MESHFUSE_NORM_AUTOTUNE=split), never split (=0, the default), and timed (=1, twice: the first
 // call times both and the second runs the one kept).
 TEST(CudaExecutorNormalization, RowsOneBlockHoldsSplitOrNotMatchTheCpu) {
   SKIP_WITHOUT_GPU();
