@@ -263,6 +263,7 @@ int maskKey(const AttentionParams& p, DataType mask_dtype, bool cudnn_rng) {
 std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionParams& p, DataType dtype,
                                    DataType mask_dtype, const InputStrides& strides, bool cudnn_rng,
                                    const Layout& wanted) {
+  const bool tune = attentionAutotuneEnabled();
   static std::mutex mu;
   static std::map<Key, std::shared_ptr<Built> > cache;
   const Key key{device,
@@ -280,7 +281,7 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
                 strides,
                 cudnn_rng ? p.dropout_p : 0.0,
                 wanted.tie(),
-                attentionAutotuneEnabled()};
+                tune};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -298,8 +299,8 @@ std::shared_ptr<Built> cachedGraph(int device, bool forward, const AttentionPara
   std::shared_ptr<Built> built;
   for (size_t i = 0; i < layouts.size() && !built; ++i) {
     try {
-      built = build(handleFor(device), forward, p, dtype, layouts[i].first, mask_dtype, cudnn_rng, layouts[i].second,
-                    attentionAutotuneEnabled());
+      built =
+          build(handleFor(device), forward, p, dtype, layouts[i].first, mask_dtype, cudnn_rng, layouts[i].second, tune);
     } catch (const std::runtime_error&) {
       if (i + 1 == layouts.size()) throw;
     }

@@ -371,7 +371,7 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
     // a multiprocessor (one's reductions and stores beside the other's loads). On an H100 it sped up
     // the GPT-3 layer's LayerNorm backwards (236 -> 173 and 155 -> 123 us) but slowed its forward
     // LayerNorms, its bias gradients and the standalone LayerNorm backward of benchmarks/norms.py
-    // (BENCHMARKS.md, session 21), so the default times it (tunedVariant, below).
+    // (BENCHMARKS.md, session 21), so it is timed where asked for (tunedVariant, below).
     NormalizationVariant c = v;
     c.cluster = split;
     if (allow_clusters && c.cluster > 1 && clusterFits(c, held + inputs)) return persistentVariant(c, n);
@@ -507,7 +507,7 @@ void launchVariant(int device, const NormalizationLaunch& L, const Normalization
                kNormalizationEpilogueY);
 }
 
-// Splitting a row over a cluster (MESHFUSE_NORM_SPLIT) is chosen by timing, where it may pay: on an
+// Splitting a row over a cluster (MESHFUSE_NORM_SPLIT) can be chosen by timing, where it may pay: on an
 // H100 it took the GPT-3 layer's two LayerNorm backwards from 236 and 155 us to 173 and 123 (two
 // rows in flight a multiprocessor where one 12-warp block of 137-146 registers a thread fitted) and
 // slowed the layer's forward LayerNorms, its bias gradients and norms.py's standalone LayerNorm
