@@ -74,10 +74,6 @@ namespace {
 namespace fe = cudnn_frontend;
 using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
-void check(fe::error_t status, const std::string& what) {
-  if (status.is_bad()) throw std::runtime_error("cuDNN attention: " + what + " failed: " + status.get_message());
-}
-
 // One cuDNN handle per device, bound to the stream of each call.
 cudnnHandle_t handleFor(int device) {
   static std::mutex mu;
@@ -243,10 +239,10 @@ std::shared_ptr<Built> build(cudnnHandle_t handle, bool forward, const Attention
     output(*b, "dk", dk, kd, io, like("k"));
     output(*b, "dv", dv, vd, io, like("v"));
   }
-  check(b->graph->validate(), "validate");
-  check(b->graph->build_operation_graph(handle), "build_operation_graph");
+  checkCudnn(b->graph->validate(), "validate");
+  checkCudnn(b->graph->build_operation_graph(handle), "build_operation_graph");
   createAttentionPlans(*b->graph, handle, tune);
-  check(b->graph->get_workspace_size(b->workspace), "get_workspace_size");
+  checkCudnn(b->graph->get_workspace_size(b->workspace), "get_workspace_size");
   return b;
 }
 
@@ -484,9 +480,9 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   Tensor workspace = Tensor::empty({(workspace_bytes + 7) / 8}, DataType::Int, dev);
   void* workspace_at = workspace_bytes > 0 ? workspace.data() : nullptr;
   if (plan >= 0)
-    check(built->graph->execute_plan_at_index(handle, pack, workspace_at, plan), "execute");
+    checkCudnn(built->graph->execute_plan_at_index(handle, pack, workspace_at, plan), "execute");
   else
-    check(built->graph->execute(handle, pack, workspace_at), "execute");
+    checkCudnn(built->graph->execute(handle, pack, workspace_at), "execute");
   return outputs;
 }
 

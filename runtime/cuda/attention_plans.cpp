@@ -6,11 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/launch_timing.h"
 #include "runtime/tensor.h"
 
 namespace meshfuse::cuda {
@@ -29,10 +30,11 @@ bool tuneLogEnabled() {
   return enabled;
 }
 
-void check(fe::error_t status, const char* what) {
-  if (status.is_bad()) throw std::runtime_error(std::string("cuDNN attention: ") + what + ": " + status.get_message());
-}
 }  // namespace
+
+void checkCudnn(fe::error_t status, const std::string& what) {
+  if (status.is_bad()) throw std::runtime_error("cuDNN attention: " + what + " failed: " + status.get_message());
+}
 
 bool attentionAutotuneEnabled() {
   const char* v = std::getenv("MESHFUSE_ATTENTION_AUTOTUNE");
@@ -41,22 +43,21 @@ bool attentionAutotuneEnabled() {
 
 void createAttentionPlans(fe::graph::Graph& graph, cudnnHandle_t handle, bool tune) {
   if (!tune) {
-    check(graph.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
-    check(graph.check_support(handle), "check_support");
-    check(graph.build_plans(handle), "build_plans");
+    checkCudnn(graph.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+    checkCudnn(graph.check_support(handle), "check_support");
+    checkCudnn(graph.build_plans(handle), "build_plans");
     return;
   }
   // Every engine configuration the heuristics know of; a mode that offers none is not an error.
   if (graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}).is_bad())
-    check(graph.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
-  check(graph.check_support(handle), "check_support");
-  check(graph.build_plans(handle, fe::BuildPlanPolicy_t::ALL), "build_plans");
+    checkCudnn(graph.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+  checkCudnn(graph.check_support(handle), "check_support");
+  checkCudnn(graph.build_plans(handle, fe::BuildPlanPolicy_t::ALL), "build_plans");
 }
 
 void tuneAttentionPlan(AttentionPlan& plan, fe::graph::Graph& graph, cudnnHandle_t handle, AttentionPack& pack,
                        int device, cudaStream_t stream, const std::string& what) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
+  if (streamCapturing(stream)) return;
   const int64_t count = graph.get_execution_plan_count();
   std::vector<int64_t> workspaces(static_cast<size_t>(std::max<int64_t>(count, 0)), -1);
   int64_t most = 0;
@@ -68,38 +69,29 @@ void tuneAttentionPlan(AttentionPlan& plan, fe::graph::Graph& graph, cudnnHandle
     }
   }
   Tensor workspace = Tensor::empty({(most + 7) / 8 + 1}, DataType::Int, Device::cuda(device));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  MESHFUSE_CUDA_CHECK(cudaEventCreate(&start));
-  MESHFUSE_CUDA_CHECK(cudaEventCreate(&stop));
   float best_ms = std::numeric_limits<float>::infinity();
   std::string times;
   for (int64_t i = 0; i < count; ++i) {
     if (workspaces[static_cast<size_t>(i)] < 0) continue;  // no size, or more workspace than allowed
-    // A plan that was not built or refuses these tensors fails its warm-up and is skipped.
-    if (graph.execute_plan_at_index(handle, pack, workspace.data(), i).is_bad()) {
-      cudaGetLastError();
+    // A plan that was not built or refuses these tensors fails (in its warm-up or later) and is skipped.
+    const std::optional<float> ms = timeLaunches(
+        stream, kTuneRepeats, [&] { return graph.execute_plan_at_index(handle, pack, workspace.data(), i).is_good(); });
+    char entry[64];
+    if (ms)
+      std::snprintf(entry, sizeof entry, " %lld:%.3f", static_cast<long long>(i), *ms);
+    else
+      std::snprintf(entry, sizeof entry, " %lld:failed", static_cast<long long>(i));
+    times += entry;
+    if (!ms) {
+      cudaGetLastError();  // what the failed plan left
       continue;
     }
-    MESHFUSE_CUDA_CHECK(cudaEventRecord(start, stream));
-    bool ok = true;
-    for (int r = 0; r < kTuneRepeats && ok; ++r)
-      ok = graph.execute_plan_at_index(handle, pack, workspace.data(), i).is_good();
-    MESHFUSE_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MESHFUSE_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    MESHFUSE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    ms /= kTuneRepeats;
-    char entry[64];
-    std::snprintf(entry, sizeof entry, " %lld:%.3f%s", static_cast<long long>(i), ms, ok ? "" : "(failed)");
-    times += entry;
-    if (ok && ms < best_ms) {
-      best_ms = ms;
+    if (*ms < best_ms) {
+      best_ms = *ms;
       plan.index = i;
       plan.workspace = workspaces[static_cast<size_t>(i)];
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   if (tuneLogEnabled())
     std::fprintf(stderr, "[meshfuse] attention %s: %lld plans, ms by index:%s; chosen %lld\n", what.c_str(),
                  static_cast<long long>(count), times.c_str(), static_cast<long long>(plan.index));

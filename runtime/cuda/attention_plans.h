@@ -17,6 +17,9 @@
 
 namespace meshfuse::cuda {
 
+// Throws std::runtime_error naming `what` (a frontend call) and cuDNN's message when `status` is bad.
+void checkCudnn(cudnn_frontend::error_t status, const std::string& what);
+
 // MESHFUSE_ATTENTION_AUTOTUNE: 1 times every plan, 0 (the default) keeps the heuristics' choice.
 // Read at each call (a graph is cached per setting), so that a test can turn it on.
 bool attentionAutotuneEnabled();

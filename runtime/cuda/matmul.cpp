@@ -7,11 +7,13 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <vector>
 
 #include "ir/ir.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/launch_timing.h"
 #include "runtime/cuda/pointwise_kernel.h"
 #include "runtime/cuda/streams.h"
 #include "runtime/matrix_layout.h"
@@ -227,40 +229,27 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, const std::vector<cublasLtEp
 void tune(Plan& plan, const std::string& what, cublasLtHandle_t handle, cudaStream_t stream, const void* alpha,
           const void* beta, const void* a, const void* b, void* c, void* workspace) {
   plan.tuned = true;
-  if (plan.candidates.size() < 2) return;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  MESHFUSE_CUDA_CHECK(cudaEventCreate(&start));
-  MESHFUSE_CUDA_CHECK(cudaEventCreate(&stop));
+  if (plan.candidates.size() < 2 || streamCapturing(stream)) return;
   float best_ms = std::numeric_limits<float>::infinity(), first_ms = 0;
   size_t best_index = 0;
-  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(handle, plan.desc, alpha, b, plan.a, a, plan.b, beta, c, plan.c, c, plan.c, &algo, workspace,
-                          kWorkspaceBytes, stream);
-  };
   for (size_t index = 0; index < plan.candidates.size(); ++index) {
     const cublasLtMatmulAlgo_t& algo = plan.candidates[index];
-    if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm that refuses is skipped
-    MESHFUSE_CUDA_CHECK(cudaEventRecord(start, stream));
-    bool ok = true;
-    for (int r = 0; r < kTuneRepeats && ok; ++r) ok = run(algo) == CUBLAS_STATUS_SUCCESS;
-    MESHFUSE_CUDA_CHECK(cudaEventRecord(stop, stream));
-    MESHFUSE_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    MESHFUSE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (index == 0) first_ms = ms;
-    if (ok && ms < best_ms) {
-      best_ms = ms;
+    // An algorithm that refuses (in its warm-up or later) is skipped.
+    const std::optional<float> ms = timeLaunches(stream, kTuneRepeats, [&] {
+      return cublasLtMatmul(handle, plan.desc, alpha, b, plan.a, a, plan.b, beta, c, plan.c, c, plan.c, &algo,
+                            workspace, kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
+    });
+    if (!ms) continue;
+    if (index == 0) first_ms = *ms;
+    if (*ms < best_ms) {
+      best_ms = *ms;
       best_index = index;
       plan.algo = algo;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   if (tuneLogEnabled())
     std::fprintf(stderr, "[meshfuse] matmul %s: heuristic's first %.3f ms, chosen candidate %zu of %zu %.3f ms\n",
-                 what.c_str(), first_ms / kTuneRepeats, best_index, plan.candidates.size(), best_ms / kTuneRepeats);
+                 what.c_str(), first_ms, best_index, plan.candidates.size(), best_ms);
 }
 
 void addBiasInPlace(int device, DataType dtype, void* c, int64_t rows, int64_t n, const void* bias) {

@@ -14,6 +14,7 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernel_cache.h"
+#include "runtime/cuda/launch_timing.h"
 #include "runtime/cuda/streams.h"
 #include "runtime/normalization_plan.h"
 
@@ -538,20 +539,6 @@ bool normalizationTuneLogEnabled() {
   return enabled;
 }
 
-// The mean time of kTuneRepeats launches of `v` after one warm-up, in ms.
-float timeVariant(int device, const NormalizationLaunch& L, const NormalizationVariant& v, const Compiled& c,
-                  cudaEvent_t start, cudaEvent_t stop) {
-  launchVariant(device, L, v, c);
-  const Stream stream = currentStream(device);
-  MESHFUSE_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int r = 0; r < kTuneRepeats; ++r) launchVariant(device, L, v, c);
-  MESHFUSE_CUDA_CHECK(cudaEventRecord(stop, stream));
-  MESHFUSE_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  MESHFUSE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  return ms / kTuneRepeats;
-}
-
 // The variant that splits the row over a cluster of two blocks, where one fits (else cluster 1).
 NormalizationVariant chooseSplit(const NormalizationLaunch& L) {
   return chooseNormalizationVariant(L, envInt("MESHFUSE_NORM_CLUSTER", 1) != 0 && clustersRunOn(L), 2);
@@ -573,29 +560,28 @@ NormalizationVariant tunedVariant(int device, const NormalizationLaunch& L, cons
     std::lock_guard<std::mutex> lock(mutex);
     if (auto it = split_wins.find(key); it != split_wins.end()) return it->second ? split : v;
   }
+  const Stream stream = currentStream(device);
+  if (streamCapturing(stream)) return v;  // decided on a later call
   const auto log = [&](const std::string& what) {
     if (normalizationTuneLogEnabled())
       std::fprintf(stderr, "[meshfuse] normalization %lldx%lld %s (%d blocks a multiprocessor): %s\n",
                    static_cast<long long>(L.rows), static_cast<long long>(L.row_length), v.key().c_str(), c.per_sm,
                    what.c_str());
   };
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  const Stream stream = currentStream(device);
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
-    return v;  // decided on a later call
   bool wins = false;
   if (split.cluster != 2) {
     log(v.items == 0 ? "multi-pass, not split" : v.stream ? "streaming, not split" : "a split does not fit");
   } else {
     const Compiled& cs = compiled(device, L.program, split);
-    DeviceGuard guard(device);
-    cudaEvent_t start = nullptr, stop = nullptr;
-    MESHFUSE_CUDA_CHECK(cudaEventCreate(&start));
-    MESHFUSE_CUDA_CHECK(cudaEventCreate(&stop));
-    const float one = timeVariant(device, L, v, c, start, stop);
-    const float two = timeVariant(device, L, split, cs, start, stop);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    DeviceGuard guard(device);  // the timing events belong to the launches' device
+    const auto time = [&](const NormalizationVariant& variant, const Compiled& kernels) {
+      return *timeLaunches(stream, kTuneRepeats, [&] {
+        launchVariant(device, L, variant, kernels);  // throws on a failed launch
+        return true;
+      });
+    };
+    const float one = time(v, c);
+    const float two = time(split, cs);
     wins = two < kTuneMargin * one;
     char line[160];
     std::snprintf(line, sizeof line, "one block a row %.4f ms, a cluster of two %.4f ms%s", one, two,
