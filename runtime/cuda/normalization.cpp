@@ -378,9 +378,18 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
     if (allow_clusters && c.cluster > 1 && clusterFits(c, held + inputs)) return persistentVariant(c, n);
     return persistentVariant(v, n);
   }
-  // Too many inputs to hold the row of each: stream them (re-read per pass from L1/L2) and keep
-  // only the accumulators in registers, rather than a cluster or the multi-pass variant, whose outer
-  // reductions go through the workspace element by element for every row.
+  // Too many inputs for one block to hold the row of each. With `split`, a cluster of that many
+  // blocks holds them instead, where it fits: the GPT-3 layer's LayerNorm backwards at 12288
+  // columns, which that ran faster than streaming (173 and 123 us against 236 and 155 on an H100,
+  // BENCHMARKS.md, session 21), so it is among what tunedVariant times.
+  if (allow_clusters && split > 1 && inputs > 0) {
+    NormalizationVariant c = v;
+    c.cluster = split;
+    if (clusterFits(c, held + inputs)) return persistentVariant(c, n);
+  }
+  // Otherwise stream them (re-read per pass from L1/L2) and keep only the accumulators in
+  // registers, rather than a cluster or the multi-pass variant, whose outer reductions go through
+  // the workspace element by element for every row.
   if (inputs > 0) {
     NormalizationVariant s = v;
     s.stream = true;
@@ -513,14 +522,13 @@ void launchVariant(int device, const NormalizationLaunch& L, const Normalization
 // rows in flight a multiprocessor where one 12-warp block of 137-146 registers a thread fitted) and
 // slowed the layer's forward LayerNorms, its bias gradients and norms.py's standalone LayerNorm
 // backward (BENCHMARKS.md, session 21); no estimate of the registers told them apart. So a segment
-// whose variant holds its row in one block, and that a cluster of two can hold, runs both on its
-// first call of each shape (three launches each after a warm-up, on the call's own
-// tensors: a segment writes only fresh outputs, so a repeat is harmless) and keeps the faster by more
-// than 3%. MESHFUSE_NORM_AUTOTUNE=1 turns this on and =split splits every such segment untimed (for
-// tests and A/B runs; both read at each call); a MESHFUSE_NORM_SPLIT setting, or a CUDA graph being
-// captured, skips it. Small segments (under 4M elements) are not worth the timing. Off by default
-// until it is measured at the layer: the version timed on the H100 (session 22) never reached the
-// layer's backward segments, and the one that times every large segment has not run on a GPU.
+// whose variant holds its row in one block, or streams its inputs (the layer's backwards), and that a
+// cluster of two can hold, runs both on its first call of each shape (three launches each after a
+// warm-up, on the call's own tensors: a segment writes only fresh outputs, so a repeat is harmless)
+// and keeps the faster by more than 3%. This is the default; MESHFUSE_NORM_AUTOTUNE=0 turns it off
+// and =split splits every such segment untimed (for tests and A/B runs; read at each call); a
+// MESHFUSE_NORM_SPLIT setting, or a CUDA graph being captured, skips it. Small segments (under 4M
+// elements) are not worth the timing.
 constexpr int64_t kTuneMinElements = int64_t{1} << 22;
 constexpr int kTuneRepeats = 3;
 constexpr double kTuneMargin = 0.97;
@@ -530,8 +538,7 @@ SplitTuning splitTuning() {
   const char* e = std::getenv("MESHFUSE_NORM_AUTOTUNE");
   const std::string v = e == nullptr ? "" : e;
   if (v == "split") return SplitTuning::Always;
-  if (v.empty() || v == "0") return SplitTuning::Off;
-  return SplitTuning::Timed;
+  return v == "0" ? SplitTuning::Off : SplitTuning::Timed;
 }
 
 bool normalizationTuneLogEnabled() {
@@ -550,7 +557,7 @@ NormalizationVariant tunedVariant(int device, const NormalizationLaunch& L, cons
   const SplitTuning mode = splitTuning();
   if (mode == SplitTuning::Off || tuning().split != 1 || v.cluster != 1 || L.rows * L.row_length < kTuneMinElements)
     return v;
-  const NormalizationVariant split = v.items > 0 && !v.stream ? chooseSplit(L) : v;
+  const NormalizationVariant split = v.items > 0 ? chooseSplit(L) : v;  // held or streamed rows
   if (mode == SplitTuning::Always) return split.cluster == 2 ? split : v;
   static std::mutex mutex;
   static std::map<std::string, bool> split_wins;  // by device, program, variant and shape
@@ -570,7 +577,7 @@ NormalizationVariant tunedVariant(int device, const NormalizationLaunch& L, cons
   };
   bool wins = false;
   if (split.cluster != 2) {
-    log(v.items == 0 ? "multi-pass, not split" : v.stream ? "streaming, not split" : "a split does not fit");
+    log(v.items == 0 ? "multi-pass, not split" : "a split does not fit");
   } else {
     const Compiled& cs = compiled(device, L.program, split);
     DeviceGuard guard(device);  // the timing events belong to the launches' device

@@ -42,9 +42,10 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launc
 // The same with thread-block clusters allowed or not for rows one block cannot hold (by default
 // they are; MESHFUSE_NORM_CLUSTER=0 leaves those rows to the multi-pass variant).
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch, bool allow_clusters);
-// The same with a row that one block holds split over a cluster of `split` blocks where that fits
-// (MESHFUSE_NORM_SPLIT's meaning; 1: not split). Under MESHFUSE_NORM_AUTOTUNE=1 runNormalization
-// times a split of 2 against the unsplit variant on large segments (normalization.cpp says why).
+// The same with a row that one block holds, or would stream, split over a cluster of `split` blocks
+// that hold it, where that fits (MESHFUSE_NORM_SPLIT's meaning; 1: not split). runNormalization
+// times a split of 2 against the unsplit variant on large segments unless MESHFUSE_NORM_AUTOTUNE=0
+// (normalization.cpp says why).
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch, bool allow_clusters, int split);
 
 // Compiles (cached) and launches on `device`'s current stream; the tensors must live there.

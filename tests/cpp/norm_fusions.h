@@ -89,4 +89,34 @@ inline std::vector<TensorView*> defineNorm(Norm norm, Fusion& f, DataType dt, in
   return {};
 }
 
+// The GPT-3 layer's second LayerNorm backward as its bf16 backward lowers it (python/meshfuse/models/
+// transformer.py): the LayerNorm gradient of the fp32 residual stream x, plus the output gradient
+// `dres` passed around the block, and that sum again through the attention's dropout mask. Six row
+// inputs: one block cannot hold them all at 12288 columns, so by default the kernel streams them.
+inline std::vector<TensorView*> defineResidualLayerNormBackward(Fusion& f, DataType dt, int64_t rows, int64_t row,
+                                                                const InputFn& input) {
+  using ops::binary;
+  using ops::cast;
+  const std::vector<int64_t> full = {rows, row};
+  auto perRow = [&](TensorView* v) { return ops::broadcastInDim(v, full, {0}); };
+  auto toFloat = [&](TensorView* v) { return cast(v, DataType::Float); };
+  TensorView* dy = toFloat(input(dt, full, -1, 1));
+  TensorView* x = input(DataType::Float, full, -2, 2);
+  TensorView* dres = toFloat(input(dt, full, -1, 1));
+  TensorView* keep = toFloat(input(DataType::Bool, full, 0, 1));
+  TensorView* mean = input(DataType::Float, {rows}, -0.1, 0.1);
+  TensorView* rstd = input(DataType::Float, {rows}, 0.5, 1.5);
+  TensorView* w = toFloat(input(dt, {row}, 0.5, 1.5));
+  TensorView* xhat = binary(OpType::Mul, binary(OpType::Sub, x, perRow(mean)), perRow(rstd));
+  TensorView* g = binary(OpType::Mul, dy, w);
+  TensorView* c1 = perRow(ops::reduction(OpType::Mean, binary(OpType::Mul, g, xhat), {1}, false));
+  TensorView* c2 = perRow(ops::reduction(OpType::Mean, g, {1}, false));
+  TensorView* dx =
+      binary(OpType::Mul, binary(OpType::Sub, binary(OpType::Sub, g, c2), binary(OpType::Mul, xhat, c1)), perRow(rstd));
+  TensorView* dh = binary(OpType::Add, dres, dx);
+  TensorView* dropped = binary(OpType::Mul, binary(OpType::Mul, dh, keep), f.newScalar(DataType::Double, 1 / 0.9));
+  return {dh, cast(dropped, dt), ops::reduction(OpType::Sum, binary(OpType::Mul, dy, xhat), {0}, false),
+          ops::reduction(OpType::Sum, dy, {0}, false)};
+}
+
 }  // namespace meshfuse::testing_norms

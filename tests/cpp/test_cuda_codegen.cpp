@@ -386,6 +386,23 @@ TEST(NormalizationCodegen, RowsOneBlockHoldsCanSplitOverAClusterOfTwo) {
   }
 }
 
+// The layer's residual LayerNorm backward streams its six row inputs by default at 12288 columns;
+// with a split of two a cluster of two blocks holds them instead (what runNormalization times
+// against streaming), and the kernel compiles.
+TEST(NormalizationCodegen, StreamedRowsCanSplitOverAClusterOfTwoThatHoldsThem) {
+  NormSegment ns([](Fusion& f, const testing_norms::InputFn& input) {
+    return testing_norms::defineResidualLayerNormBackward(f, DataType::BFloat16, 2048, 12288, input);
+  });
+  auto launch = cuda::prepareNormalization(ns.seg, ns.shapes, ns.values, ns.outputs);
+  ASSERT_TRUE(launch.has_value());
+  const cuda::NormalizationVariant one = cuda::chooseNormalizationVariant(*launch, true, 1);
+  const cuda::NormalizationVariant two = cuda::chooseNormalizationVariant(*launch, true, 2);
+  EXPECT_TRUE(one.cluster == 1 && one.items > 0 && one.stream) << one.key();
+  EXPECT_TRUE(two.cluster == 2 && two.items > 0 && !two.stream) << two.key();
+  EXPECT_EQ(cuda::chooseNormalizationVariant(*launch, false, 2).key(), one.key()) << "no clusters before sm_90";
+  ASSERT_NO_THROW(compile(cuda::generateNormalizationSource(launch->program, two, "k")));
+}
+
 TEST(NormalizationCodegen, EveryNormCompilesAtShortLongAndTooLongRows) {
   using testing_norms::Norm;
   for (Norm norm : testing_norms::kAllNorms) {

@@ -470,11 +470,12 @@ TEST(CudaExecutorNormalization, ManyRowsAndTheStreamingVariant) {
   }
 }
 
-// Rows that one block holds, at sizes where runNormalization may time splitting them over a cluster of
-// two blocks (normalization.cpp): both ways give the CPU's results, whichever the timing picks. Split
-// forced (MESHFUSE_NORM_AUTOTUNE=split), never split (=0, the default), and timed (=1, twice: the first
-// call times both and the second runs the one kept).
-TEST(CudaExecutorNormalization, RowsOneBlockHoldsSplitOrNotMatchTheCpu) {
+// Rows that one block holds or streams, at sizes where runNormalization may time splitting them over
+// a cluster of two blocks that hold them (normalization.cpp): both ways give the CPU's results,
+// whichever the timing picks. Split forced (MESHFUSE_NORM_AUTOTUNE=split), never split (=0), and timed
+// (=1, twice: the first call times both and the second runs the one kept). The layer's residual
+// LayerNorm backward is the streamed case.
+TEST(CudaExecutorNormalization, LargeRowsSplitOrNotMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(37);
   for (const char* mode : {"split", "0", "1", "1"}) {
@@ -482,6 +483,14 @@ TEST(CudaExecutorNormalization, RowsOneBlockHoldsSplitOrNotMatchTheCpu) {
     for (testing_norms::Norm norm : testing_norms::kAllNorms)
       for (const auto& [rows, row] : std::vector<std::pair<int64_t, int64_t>>{{600, 12288}, {2048, 4096}})
         checkNorm(norm, DataType::BFloat16, rows, row, rng);
+    Case c;
+    c.kind = Segment::Kind::Normalization;
+    c.outputs = testing_norms::defineResidualLayerNormBackward(
+        c.fusion, DataType::BFloat16, 600, 12288, [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+          return c.input(d, std::move(shape), rng, lo, hi);
+        });
+    c.check(std::string("residual layer_norm_backward bf16 [600, 12288], MESHFUSE_NORM_AUTOTUNE=") + mode,
+            /*loose=*/true);
   }
   ::unsetenv("MESHFUSE_NORM_AUTOTUNE");
 }
