@@ -1,6 +1,7 @@
 // cuBLASLt matmul plans and the matmul/linear entry points (see matmul.h).
 #include "runtime/cuda/matmul.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -22,18 +23,18 @@ namespace meshfuse::cuda {
 
 namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;
-// Autotuning: how many of the heuristic's algorithms are timed, how often each, and the smallest
-// product (in FLOPs) worth the one-off cost (a few launches of each candidate, once per plan).
+// Autotuning: how many of the heuristic's algorithms are timed by default (and at most), how often
+// each, and the smallest product (in FLOPs) worth the one-off cost (a few launches of each
+// candidate, once per plan).
 constexpr int kTuneCandidates = 8;
+constexpr int kMaxTuneCandidates = 64;
 constexpr int kTuneRepeats = 3;
 constexpr double kTuneMinFlops = 1e9;
 
-bool autotuneEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MESHFUSE_MATMUL_AUTOTUNE");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return enabled;
+// MESHFUSE_MATMUL_AUTOTUNE (matmulTuneCandidates), read once.
+int tuneCandidates() {
+  static const int count = matmulTuneCandidates(std::getenv("MESHFUSE_MATMUL_AUTOTUNE"));
+  return count;
 }
 
 // MESHFUSE_MATMUL_TUNE_LOG=1: one line per tuned plan on stderr (the shape key, the heuristic's
@@ -196,10 +197,12 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, const std::vector<cublasLtEp
                                                              &aux_type, sizeof aux_type));
       }
     }
-    cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
+    // (Untuned, the first is used: the same as in the default count's list.)
+    std::vector<cublasLtMatmulHeuristicResult_t> results(
+        static_cast<size_t>(tuneCandidates() > 0 ? tuneCandidates() : kTuneCandidates));
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s.handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref,
-                                                       kTuneCandidates, results, &found);
+                                                       static_cast<int>(results.size()), results.data(), &found);
     if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
       for (int i = 0; i < found; ++i)
         if (results[i].state == CUBLAS_STATUS_SUCCESS) plan.candidates.push_back(results[i].algo);
@@ -349,7 +352,7 @@ bool gemmWithEpilogue(int device, const GemmProblem& p, const void* a, const voi
   const double flops = 2.0 * static_cast<double>(p.batch) * static_cast<double>(p.m) * static_cast<double>(p.n) *
                        static_cast<double>(p.k);
   // (Tuning a GELU-aux plan writes aux, which the call writes anyway; a DGELU plan only reads it.)
-  if (!plan->tuned && autotuneEnabled() && flops >= kTuneMinFlops)
+  if (!plan->tuned && tuneCandidates() > 0 && flops >= kTuneMinFlops)
     tune(*plan, key.str(), handle, stream, alpha, beta, a, b, c, workspace);
   MESHFUSE_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha, b, plan->a, a, plan->b, beta, c, plan->c, c, plan->c,
                                        &plan->algo, workspace, kWorkspaceBytes, stream));
@@ -523,6 +526,16 @@ bool runProductWithActivation(int device, const ProductOperands& operands, GemmE
   e.aux_ld = p.n;
   e.bias_grad = bias_grad.defined() ? bias_grad.data() : nullptr;
   return gemmWithEpilogue(device, p, g.a.data(), g.b.data(), out.data(), e);
+}
+
+int matmulTuneCandidates(const char* setting) {
+  if (setting == nullptr) return kTuneCandidates;
+  const std::string text = setting;
+  if (text == "0") return 0;
+  char* end = nullptr;
+  const long n = std::strtol(text.c_str(), &end, 10);
+  if (end != text.c_str() && *end == '\0' && n >= 2) return static_cast<int>(std::min<long>(n, kMaxTuneCandidates));
+  return kTuneCandidates;
 }
 
 }  // namespace meshfuse::cuda

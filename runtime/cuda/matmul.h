@@ -26,6 +26,11 @@ struct GemmProblem {
 };
 void gemm(int device, const GemmProblem& problem, const void* a, const void* b, void* c, const void* bias);
 
+// How many of the heuristic's algorithms autotuning times under a MESHFUSE_MATMUL_AUTOTUNE setting
+// (null: unset): 0 for "0" (the first algorithm, untimed), the number for one from 2 up (at most
+// 64), else the default 8.
+int matmulTuneCandidates(const char* setting);
+
 // What the GEMM applies to the product as it stores C (cuBLASLt epilogues), in row-major terms:
 // `bias` [n] is added to every row; `aux` is an [m][n] matrix, rows aux_ld elements apart, of the
 // problem's dtype.

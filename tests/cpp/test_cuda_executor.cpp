@@ -623,6 +623,21 @@ TEST(CudaExecutorNormalization, RepeatedExecutionCompilesNothing) {
   EXPECT_EQ(cuda::kernelCompilations(), compiled);
 }
 
+// MESHFUSE_MATMUL_AUTOTUNE's values (no GPU needed): unset and unknown words give the default 8
+// algorithms, 0 none (untimed), a count from 2 up that many, at most 64.
+TEST(CudaMatmulSettings, AutotuneCandidateCounts) {
+  EXPECT_EQ(cuda::matmulTuneCandidates(nullptr), 8);
+  EXPECT_EQ(cuda::matmulTuneCandidates("0"), 0);
+  EXPECT_EQ(cuda::matmulTuneCandidates("1"), 8);
+  EXPECT_EQ(cuda::matmulTuneCandidates("on"), 8);
+  EXPECT_EQ(cuda::matmulTuneCandidates(""), 8);
+  EXPECT_EQ(cuda::matmulTuneCandidates("32"), 32);
+  EXPECT_EQ(cuda::matmulTuneCandidates("2"), 2);
+  EXPECT_EQ(cuda::matmulTuneCandidates("1000"), 64);
+  EXPECT_EQ(cuda::matmulTuneCandidates("16x"), 8);
+  EXPECT_EQ(cuda::matmulTuneCandidates("-4"), 8);
+}
+
 TEST(CudaExecutorMatmul, MatmulShapesAndDtypes) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(8);
