@@ -91,8 +91,9 @@ inline std::vector<TensorView*> defineNorm(Norm norm, Fusion& f, DataType dt, in
 
 // The GPT-3 layer's second LayerNorm backward as its bf16 backward lowers it (python/meshfuse/models/
 // transformer.py): the LayerNorm gradient of the fp32 residual stream x, plus the output gradient
-// `dres` passed around the block, and that sum again through the attention's dropout mask. Six row
-// inputs: one block cannot hold them all at 12288 columns, so by default the kernel streams them.
+// `dres` passed around the block, and that sum again through the attention's dropout mask. Four row
+// inputs besides two column sums: one block cannot hold them all at 12288 columns, so by default the
+// kernel streams the inputs.
 inline std::vector<TensorView*> defineResidualLayerNormBackward(Fusion& f, DataType dt, int64_t rows, int64_t row,
                                                                 const InputFn& input) {
   using ops::binary;

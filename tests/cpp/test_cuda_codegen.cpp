@@ -386,7 +386,7 @@ TEST(NormalizationCodegen, RowsOneBlockHoldsCanSplitOverAClusterOfTwo) {
   }
 }
 
-// The layer's residual LayerNorm backward streams its six row inputs by default at 12288 columns;
+// The layer's residual LayerNorm backward streams its row inputs by default at 12288 columns;
 // with a split of two a cluster of two blocks holds them instead (what runNormalization times
 // against streaming), and the kernel compiles.
 TEST(NormalizationCodegen, StreamedRowsCanSplitOverAClusterOfTwoThatHoldsThem) {
