@@ -366,30 +366,23 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
   auto clusterFits = [&](NormalizationVariant& c, int arrays) {
     return fit(arrays, c, ceilDiv(packs, c.cluster)) && c.threads_y == 1 && c.threads_x > 32;
   };
-  if (fit(held + inputs, v, packs)) {
-    // `split` (MESHFUSE_NORM_SPLIT=c, or 2 where runNormalization times it): a row one block holds
-    // split over a cluster of c blocks of fewer threads all the same, two of different rows' clusters
-    // a multiprocessor (one's reductions and stores beside the other's loads). On an H100 it sped up
-    // the GPT-3 layer's LayerNorm backwards (236 -> 173 and 155 -> 123 us) but slowed its forward
-    // LayerNorms, its bias gradients and the standalone LayerNorm backward of benchmarks/norms.py
-    // (BENCHMARKS.md, session 21), so it is timed where asked for (tunedVariant, below).
-    NormalizationVariant c = v;
-    c.cluster = split;
-    if (allow_clusters && c.cluster > 1 && clusterFits(c, held + inputs)) return persistentVariant(c, n);
-    return persistentVariant(v, n);
-  }
-  // Too many inputs for one block to hold the row of each. With `split`, a cluster of that many
-  // blocks holds them instead, where it fits: the GPT-3 layer's LayerNorm backwards at 12288
-  // columns, which that ran faster than streaming (173 and 123 us against 236 and 155 on an H100,
-  // BENCHMARKS.md, session 21), so it is among what tunedVariant times.
-  if (allow_clusters && split > 1 && inputs > 0) {
+  const bool one_block_holds = fit(held + inputs, v, packs);
+  // `split` (MESHFUSE_NORM_SPLIT=c, or 2 where runNormalization times it): a row that one block holds,
+  // or whose inputs it would stream, held by a cluster of c blocks of fewer threads all the same, two
+  // of different rows' clusters a multiprocessor (one's reductions and stores beside the other's
+  // loads). On an H100 it sped up the GPT-3 layer's LayerNorm backwards, which stream at 12288
+  // columns (236 -> 173 and 155 -> 123 us), but slowed its forward LayerNorms, its bias gradients and
+  // the standalone LayerNorm backward of benchmarks/norms.py (BENCHMARKS.md, session 21), so it is
+  // timed (tunedVariant, below).
+  if (allow_clusters && split > 1 && (one_block_holds || inputs > 0)) {
     NormalizationVariant c = v;
     c.cluster = split;
     if (clusterFits(c, held + inputs)) return persistentVariant(c, n);
   }
-  // Otherwise stream them (re-read per pass from L1/L2) and keep only the accumulators in
-  // registers, rather than a cluster or the multi-pass variant, whose outer reductions go through
-  // the workspace element by element for every row.
+  if (one_block_holds) return persistentVariant(v, n);
+  // Too many inputs for one block to hold the row of each: stream them (re-read per pass from L1/L2)
+  // and keep only the accumulators in registers, rather than a cluster or the multi-pass variant,
+  // whose outer reductions go through the workspace element by element for every row.
   if (inputs > 0) {
     NormalizationVariant s = v;
     s.stream = true;

@@ -28,6 +28,22 @@ inline std::string toString(Norm n) {
   return "?";
 }
 
+// LayerNorm's input gradient and normalized input over [rows, row] (all fp32): {dx, xhat} for the
+// output gradient dy, the input x, its per-row mean and rstd ([rows]) and the weight w ([row]).
+inline std::vector<TensorView*> layerNormInputGradient(TensorView* dy, TensorView* x, TensorView* mean,
+                                                       TensorView* rstd, TensorView* w) {
+  using ops::binary;
+  const std::vector<int64_t> full = x->shape();
+  auto perRow = [&](TensorView* v) { return ops::broadcastInDim(v, full, {0}); };
+  TensorView* xhat = binary(OpType::Mul, binary(OpType::Sub, x, perRow(mean)), perRow(rstd));
+  TensorView* g = binary(OpType::Mul, dy, w);
+  TensorView* c1 = perRow(ops::reduction(OpType::Mean, binary(OpType::Mul, g, xhat), {1}, false));
+  TensorView* c2 = perRow(ops::reduction(OpType::Mean, g, {1}, false));
+  TensorView* dx =
+      binary(OpType::Mul, binary(OpType::Sub, binary(OpType::Sub, g, c2), binary(OpType::Mul, xhat, c1)), perRow(rstd));
+  return {dx, xhat};
+}
+
 // The outputs of `norm` over rows of `row` elements ([rows, row] inputs, weights of [row]).
 inline std::vector<TensorView*> defineNorm(Norm norm, Fusion& f, DataType dt, int64_t rows, int64_t row,
                                            const InputFn& input) {
@@ -46,12 +62,8 @@ inline std::vector<TensorView*> defineNorm(Norm norm, Fusion& f, DataType dt, in
     TensorView* mean = input(DataType::Float, {rows}, -0.1, 0.1);
     TensorView* rstd = input(DataType::Float, {rows}, 0.5, 1.5);
     TensorView* w = toFloat(input(dt, {row}, 0.5, 1.5));
-    TensorView* xhat = binary(OpType::Mul, binary(OpType::Sub, x, perRow(mean)), perRow(rstd));
-    TensorView* g = binary(OpType::Mul, dy, w);
-    TensorView* c1 = perRow(reduction(OpType::Mean, binary(OpType::Mul, g, xhat), {1}, false));
-    TensorView* c2 = perRow(reduction(OpType::Mean, g, {1}, false));
-    TensorView* dx = binary(OpType::Mul, binary(OpType::Sub, binary(OpType::Sub, g, c2), binary(OpType::Mul, xhat, c1)),
-                            perRow(rstd));
+    const std::vector<TensorView*> dx_xhat = layerNormInputGradient(dy, x, mean, rstd, w);
+    TensorView *dx = dx_xhat[0], *xhat = dx_xhat[1];
     TensorView* dgamma = reduction(OpType::Sum, binary(OpType::Mul, dy, xhat), {0}, false);
     TensorView* dbeta = reduction(OpType::Sum, dy, {0}, false);
     return {cast(dx, dt), cast(dgamma, dt), cast(dbeta, dt)};
@@ -99,7 +111,6 @@ inline std::vector<TensorView*> defineResidualLayerNormBackward(Fusion& f, DataT
   using ops::binary;
   using ops::cast;
   const std::vector<int64_t> full = {rows, row};
-  auto perRow = [&](TensorView* v) { return ops::broadcastInDim(v, full, {0}); };
   auto toFloat = [&](TensorView* v) { return cast(v, DataType::Float); };
   TensorView* dy = toFloat(input(dt, full, -1, 1));
   TensorView* x = input(DataType::Float, full, -2, 2);
@@ -108,12 +119,8 @@ inline std::vector<TensorView*> defineResidualLayerNormBackward(Fusion& f, DataT
   TensorView* mean = input(DataType::Float, {rows}, -0.1, 0.1);
   TensorView* rstd = input(DataType::Float, {rows}, 0.5, 1.5);
   TensorView* w = toFloat(input(dt, {row}, 0.5, 1.5));
-  TensorView* xhat = binary(OpType::Mul, binary(OpType::Sub, x, perRow(mean)), perRow(rstd));
-  TensorView* g = binary(OpType::Mul, dy, w);
-  TensorView* c1 = perRow(ops::reduction(OpType::Mean, binary(OpType::Mul, g, xhat), {1}, false));
-  TensorView* c2 = perRow(ops::reduction(OpType::Mean, g, {1}, false));
-  TensorView* dx =
-      binary(OpType::Mul, binary(OpType::Sub, binary(OpType::Sub, g, c2), binary(OpType::Mul, xhat, c1)), perRow(rstd));
+  const std::vector<TensorView*> dx_xhat = layerNormInputGradient(dy, x, mean, rstd, w);
+  TensorView *dx = dx_xhat[0], *xhat = dx_xhat[1];
   TensorView* dh = binary(OpType::Add, dres, dx);
   TensorView* dropped = binary(OpType::Mul, binary(OpType::Mul, dh, keep), f.newScalar(DataType::Double, 1 / 0.9));
   return {dh, cast(dropped, dt), ops::reduction(OpType::Sum, binary(OpType::Mul, dy, xhat), {0}, false),

@@ -429,16 +429,23 @@ TEST(CudaExecutorReduction, ColumnKernelAtBiasGradientShapes) {
 // normalization segment, against the CPU executor (which accumulates in double): rows of 1, 7,
 // 4097 (no vector width divides it) and 262144 elements (the multi-pass variant).
 // One normalization of [rows, row] in `dt` on both executors (loose below fp32).
-void checkNorm(testing_norms::Norm norm, DataType dt, int64_t rows, int64_t row, std::mt19937& rng) {
+// One normalization segment of `define`'s outputs on random inputs, the GPU's results against the CPU's.
+void checkNormSegment(const std::string& what, bool loose, std::mt19937& rng,
+                      const std::function<std::vector<TensorView*>(Fusion&, const testing_norms::InputFn&)>& define) {
   Case c;
   c.kind = Segment::Kind::Normalization;
-  auto input = [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+  c.outputs = define(c.fusion, [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
     return c.input(d, std::move(shape), rng, lo, hi);
-  };
-  c.outputs = testing_norms::defineNorm(norm, c.fusion, dt, rows, row, input);
-  c.check(testing_norms::toString(norm) + " " + toString(dt) + " [" + std::to_string(rows) + ", " +
-              std::to_string(row) + "]",
-          /*loose=*/dt != DataType::Float);
+  });
+  c.check(what, loose);
+}
+
+void checkNorm(testing_norms::Norm norm, DataType dt, int64_t rows, int64_t row, std::mt19937& rng) {
+  checkNormSegment(testing_norms::toString(norm) + " " + toString(dt) + " [" + std::to_string(rows) + ", " +
+                       std::to_string(row) + "]",
+                   /*loose=*/dt != DataType::Float, rng, [&](Fusion& f, const testing_norms::InputFn& input) {
+                     return testing_norms::defineNorm(norm, f, dt, rows, row, input);
+                   });
 }
 
 TEST(CudaExecutorNormalization, EveryNormMatchesTheCpuAtEveryRowLengthAndDtype) {
@@ -483,14 +490,10 @@ TEST(CudaExecutorNormalization, LargeRowsSplitOrNotMatchTheCpu) {
     for (testing_norms::Norm norm : testing_norms::kAllNorms)
       for (const auto& [rows, row] : std::vector<std::pair<int64_t, int64_t>>{{600, 12288}, {2048, 4096}})
         checkNorm(norm, DataType::BFloat16, rows, row, rng);
-    Case c;
-    c.kind = Segment::Kind::Normalization;
-    c.outputs = testing_norms::defineResidualLayerNormBackward(
-        c.fusion, DataType::BFloat16, 600, 12288, [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
-          return c.input(d, std::move(shape), rng, lo, hi);
-        });
-    c.check(std::string("residual layer_norm_backward bf16 [600, 12288], MESHFUSE_NORM_AUTOTUNE=") + mode,
-            /*loose=*/true);
+    checkNormSegment(std::string("residual layer_norm_backward bf16 [600, 12288], MESHFUSE_NORM_AUTOTUNE=") + mode,
+                     /*loose=*/true, rng, [](Fusion& f, const testing_norms::InputFn& input) {
+                       return testing_norms::defineResidualLayerNormBackward(f, DataType::BFloat16, 600, 12288, input);
+                     });
   }
   ::unsetenv("MESHFUSE_NORM_AUTOTUNE");
 }
