@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
-from timing import best_time, kernel_profile, scoped_env  # noqa: E402 (this directory, first on the path of a script run)
+from timing import best_time, cuda_event_ms, kernel_profile, scoped_env  # noqa: E402 (this directory, first on the path of a script run)
 
 
 def flops(b, h, s, d, causal, backward=False):
@@ -27,17 +27,8 @@ def gpu(args):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from meshfuse import DataType, FusionDefinition
 
-    def timed(fn, iters):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
+    def timed(fn, iters):  # seconds
+        return cuda_event_ms(fn, iters) / 1e3
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cudnn {torch.backends.cudnn.version()}")
     # With dropout, cuDNN draws the mask in-kernel on both sides (by default: runtime/cuda/attention_rng.h;

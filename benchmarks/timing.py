@@ -1,5 +1,6 @@
-"""What the Python benchmarks share: the best of several timed repeats, a scoped environment
-variable (the settings meshfuse reads at each execute), and a kernel profile under torch.profiler (GPU)."""
+"""What the Python benchmarks share: the best of several timed repeats, the mean of back-to-back
+calls by CUDA events (GPU), a scoped environment variable (the settings meshfuse reads at each
+execute), and a kernel profile under torch.profiler (GPU)."""
 
 import contextlib
 import os
@@ -19,6 +20,23 @@ def best_time(fn, calls=1, repeat=5, warmup=True):
             fn()
         times.append((time.perf_counter() - start) / calls)
     return min(times)
+
+
+def cuda_event_ms(fn, iters=20, warmup=3):
+    """Milliseconds per call of fn on the GPU: `iters` back-to-back calls between two CUDA events
+    (what the device spends, not the host), after `warmup` untimed calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
 
 
 @contextlib.contextmanager

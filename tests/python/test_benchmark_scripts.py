@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import torch_cuda_available
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
 
@@ -58,6 +59,29 @@ def test_norms_cpu_table():
 def test_host_overhead_table():
     out = run_script("benchmarks/host_overhead.py", "--iters", "50")
     assert "cached execute of add" in out, out
+
+
+def test_cpu_layer_gemms_probe_lists_every_gemm():
+    out = run_script("benchmarks/probes/cpu_layer_gemms.py", "--hidden", "64", "--sequence", "32", "--ranks", "2",
+                     "--repeat", "1")
+    rows = [line for line in out.splitlines() if re.match(r"\| (qkv|out|fc1|fc2) \|", line)]
+    assert len(rows) == 12, out  # four linears, three products each
+    assert "| fc2 | weight grad | 32 x 128 x 64 |" in out, out  # fc2's inputs split over the 2 ranks
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU")
+def test_backward_streams_probe_times_every_pair():
+    out = run_script("benchmarks/probes/backward_streams.py", "--sequence", "256", "--hidden", "512", "--heads", "4",
+                     "--repeat", "2")
+    assert len(re.findall(r"^\| .+ \| [0-9.]+x \|$", out, re.M)) == 7, out  # six pairs and the sum
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+def test_layer_norm_kernels_probe_finds_the_layers_normalizations():
+    out = run_script("benchmarks/probes/layer_norm_kernels.py", "--sequence", "256", "--hidden", "512", "--heads", "4",
+                     "--repeat", "3", timeout=300)
+    # Two LayerNorms forward and two backward, at least (the bias gradients may be normalization segments too).
+    assert len(re.findall(r"^\| [0-9]+ \| .+ \| [0-9.]+ \|$", out, re.M)) >= 4, out
 
 
 @pytest.mark.parametrize("backend", ["auto", "gloo"])
