@@ -2,11 +2,13 @@
 
 Runs meshfuse's layer (forward, then backward) under torch.profiler and prints the median time of
 each normalization kernel, in launch order, under whatever MESHFUSE_NORM_* settings the
-environment has. Sessions 21-23 used it to decide where the normalization split pays
-(MESHFUSE_NORM_AUTOTUNE; BENCHMARKS.md, "One H100, session 23"): run it once per setting.
+environment has. Sessions 21-24 used it to decide where the normalization split pays
+(MESHFUSE_NORM_AUTOTUNE; BENCHMARKS.md, "One H100, session 23" and "session 24"): run it once per
+setting.
 
-    MESHFUSE_NORM_AUTOTUNE=0 python3 benchmarks/probes/layer_norm_kernels.py
-    python3 benchmarks/probes/layer_norm_kernels.py          # the default: each split timed
+    MESHFUSE_NORM_AUTOTUNE=0 python3 benchmarks/probes/layer_norm_kernels.py   # never split
+    python3 benchmarks/probes/layer_norm_kernels.py          # the default rule: streamed rows split
+    MESHFUSE_NORM_AUTOTUNE=1 python3 benchmarks/probes/layer_norm_kernels.py   # each split timed
     python3 benchmarks/probes/layer_norm_kernels.py --sequence 256 --hidden 512 --heads 4 --repeat 3
 """
 import argparse

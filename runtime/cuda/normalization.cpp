@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -367,13 +368,13 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& L, bo
     return fit(arrays, c, ceilDiv(packs, c.cluster)) && c.threads_y == 1 && c.threads_x > 32;
   };
   const bool one_block_holds = fit(held + inputs, v, packs);
-  // `split` (MESHFUSE_NORM_SPLIT=c, or 2 where runNormalization times it): a row that one block holds,
-  // or whose inputs it would stream, held by a cluster of c blocks of fewer threads all the same, two
-  // of different rows' clusters a multiprocessor (one's reductions and stores beside the other's
-  // loads). On an H100 it sped up the GPT-3 layer's LayerNorm backwards, which stream at 12288
+  // `split` (MESHFUSE_NORM_SPLIT=c, or 2 where runNormalization considers a split): a row that one
+  // block holds, or whose inputs it would stream, held by a cluster of c blocks of fewer threads all
+  // the same, two of different rows' clusters a multiprocessor (one's reductions and stores beside
+  // the other's loads). On an H100 it sped up the GPT-3 layer's LayerNorm backwards, which stream at 12288
   // columns (236 -> 173 and 155 -> 123 us), but slowed its forward LayerNorms, its bias gradients and
-  // the standalone LayerNorm backward of benchmarks/norms.py (BENCHMARKS.md, session 21), so it is
-  // timed (tunedVariant, below).
+  // the standalone LayerNorm backward of benchmarks/norms.py (BENCHMARKS.md, session 21), so by
+  // default only the streamed rows are split (tunedVariant, below).
   if (allow_clusters && split > 1 && (one_block_holds || inputs > 0)) {
     NormalizationVariant c = v;
     c.cluster = split;
@@ -510,28 +511,36 @@ void launchVariant(int device, const NormalizationLaunch& L, const Normalization
                kNormalizationEpilogueY);
 }
 
-// Splitting a row over a cluster (MESHFUSE_NORM_SPLIT) can be chosen by timing, where it may pay: on an
-// H100 it took the GPT-3 layer's two LayerNorm backwards from 236 and 155 us to 173 and 123 (two
-// rows in flight a multiprocessor where one 12-warp block of 137-146 registers a thread fitted) and
-// slowed the layer's forward LayerNorms, its bias gradients and norms.py's standalone LayerNorm
-// backward (BENCHMARKS.md, session 21); no estimate of the registers told them apart. So a segment
-// whose variant holds its row in one block, or streams its inputs (the layer's backwards), and that a
-// cluster of two can hold, runs both on its first call of each shape (three launches each after a
-// warm-up, on the call's own tensors: a segment writes only fresh outputs, so a repeat is harmless)
-// and keeps the faster by more than 3%. This is the default; MESHFUSE_NORM_AUTOTUNE=0 turns it off
-// and =split splits every such segment untimed (for tests and A/B runs; read at each call); a
-// MESHFUSE_NORM_SPLIT setting, or a CUDA graph being captured, skips it. Small segments (under 4M
-// elements) are not worth the timing.
+// Splitting a row over a cluster (MESHFUSE_NORM_SPLIT) pays for some segments and not others: on
+// an H100 it took the GPT-3 layer's two LayerNorm backwards, whose inputs one block streams, from
+// 235 and 152 us to 177 and 123 (two rows in flight a multiprocessor where one 12-warp block of
+// 137-146 registers a thread fitted), and slowed every normalization whose row one block holds
+// (the layer's forward LayerNorms, its bias gradients, norms.py's standalone LayerNorm backward;
+// BENCHMARKS.md, sessions 21-23); no estimate of the registers told the held ones apart.
+//
+// By default the choice is that rule (splitsByDefault): a segment is split exactly when its inputs
+// would stream and a cluster of two holds them. A rule rather than a timing, because a replicated
+// segment (tensor parallelism's LayerNorms, forward and backward) must run the same way on every
+// rank: a split reduces in another order, so ranks that timed differently would compute replicated
+// weight gradients that differ in their last bits, and replicas drift apart over training.
+// MESHFUSE_NORM_AUTOTUNE=1 times instead (per process): a segment whose row one block holds or would
+// stream, and that a cluster of two can hold, runs both ways on its first call of each shape (three
+// launches each after a warm-up, on the call's own tensors: a segment writes only fresh outputs, so
+// a repeat is harmless) and keeps the faster by more than 3%. =0 never splits, =split splits every
+// such segment untimed (tests and A/B runs); read at each call. A MESHFUSE_NORM_SPLIT setting, or a
+// CUDA graph being captured (timing only), skips both. Small segments (under 4M elements) are left
+// whole: neither the timing nor the split is worth it there.
 constexpr int64_t kTuneMinElements = int64_t{1} << 22;
 constexpr int kTuneRepeats = 3;
 constexpr double kTuneMargin = 0.97;
 
-enum class SplitTuning { Off, Timed, Always };
+enum class SplitTuning { Off, Rule, Timed, Always };
 SplitTuning splitTuning() {
   const char* e = std::getenv("MESHFUSE_NORM_AUTOTUNE");
   const std::string v = e == nullptr ? "" : e;
   if (v == "split") return SplitTuning::Always;
-  return v == "0" ? SplitTuning::Off : SplitTuning::Timed;
+  if (v == "1") return SplitTuning::Timed;
+  return v == "0" ? SplitTuning::Off : SplitTuning::Rule;
 }
 
 bool normalizationTuneLogEnabled() {
@@ -544,7 +553,8 @@ NormalizationVariant chooseSplit(const NormalizationLaunch& L) {
   return chooseNormalizationVariant(L, envInt("MESHFUSE_NORM_CLUSTER", 1) != 0 && clustersRunOn(L), 2);
 }
 
-// The variant to run: `v`, or the row split over a cluster of two where timing says so (above).
+// The variant to run: `v`, or the row split over a cluster of two where the rule, or the timing, says so
+// (above).
 NormalizationVariant tunedVariant(int device, const NormalizationLaunch& L, const NormalizationVariant& v,
                                   const Compiled& c) {
   const SplitTuning mode = splitTuning();
@@ -552,22 +562,35 @@ NormalizationVariant tunedVariant(int device, const NormalizationLaunch& L, cons
     return v;
   const NormalizationVariant split = v.items > 0 ? chooseSplit(L) : v;  // held or streamed rows
   if (mode == SplitTuning::Always) return split.cluster == 2 ? split : v;
-  static std::mutex mutex;
-  static std::map<std::string, bool> split_wins;  // by device, program, variant and shape
-  const std::string key = std::to_string(device) + "|" + L.program.key() + v.key() + "|" + std::to_string(L.rows) +
-                          "x" + std::to_string(L.row_length);
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = split_wins.find(key); it != split_wins.end()) return it->second ? split : v;
-  }
-  const Stream stream = currentStream(device);
-  if (streamCapturing(stream)) return v;  // decided on a later call
   const auto log = [&](const std::string& what) {
     if (normalizationTuneLogEnabled())
       std::fprintf(stderr, "[meshfuse] normalization %lldx%lld %s (%d blocks a multiprocessor): %s\n",
                    static_cast<long long>(L.rows), static_cast<long long>(L.row_length), v.key().c_str(), c.per_sm,
                    what.c_str());
   };
+  static std::mutex mutex;
+  static std::map<std::string, bool> split_wins;  // timed: by device, program, variant and shape
+  const auto key = [&] {
+    return std::to_string(device) + "|" + L.program.key() + v.key() + "|" + std::to_string(L.rows) + "x" +
+           std::to_string(L.row_length);
+  };
+  if (mode == SplitTuning::Rule) {
+    const bool splits = splitsByDefault(v, split);
+    if (normalizationTuneLogEnabled()) {          // once a shape
+      static std::set<std::string> rules_logged;  // the same keys as split_wins
+      std::lock_guard<std::mutex> lock(mutex);
+      if (rules_logged.insert(key()).second)
+        log(splits ? "its inputs stream: split over a cluster of two (the default rule)"
+                   : "not split (the default rule splits rows whose inputs stream)");
+    }
+    return splits ? split : v;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = split_wins.find(key()); it != split_wins.end()) return it->second ? split : v;
+  }
+  const Stream stream = currentStream(device);
+  if (streamCapturing(stream)) return v;  // decided on a later call
   bool wins = false;
   if (split.cluster != 2) {
     log(v.items == 0 ? "multi-pass, not split" : "a split does not fit");
@@ -589,11 +612,15 @@ NormalizationVariant tunedVariant(int device, const NormalizationLaunch& L, cons
     log(line);
   }
   std::lock_guard<std::mutex> lock(mutex);
-  split_wins.emplace(key, wins);
+  split_wins.emplace(key(), wins);
   return wins ? split : v;
 }
 
 }  // namespace
+
+bool splitsByDefault(const NormalizationVariant& unsplit, const NormalizationVariant& split) {
+  return unsplit.cluster == 1 && unsplit.items > 0 && unsplit.stream && split.cluster == 2 && !split.stream;
+}
 
 void runNormalization(int device, const NormalizationLaunch& L) {
   const NormalizationVariant chosen = chooseNormalizationVariant(L);

@@ -43,10 +43,15 @@ NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launc
 // they are; MESHFUSE_NORM_CLUSTER=0 leaves those rows to the multi-pass variant).
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch, bool allow_clusters);
 // The same with a row that one block holds, or would stream, split over a cluster of `split` blocks
-// that hold it, where that fits (MESHFUSE_NORM_SPLIT's meaning; 1: not split). runNormalization
-// times a split of 2 against the unsplit variant on large segments unless MESHFUSE_NORM_AUTOTUNE=0
-// (normalization.cpp says why).
+// that hold it, where that fits (MESHFUSE_NORM_SPLIT's meaning; 1: not split).
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch, bool allow_clusters, int split);
+
+// Whether runNormalization splits a large segment (4M elements or more) by default: exactly when the
+// `unsplit` variant streams its row inputs and `split` (the split of 2 above) holds them in a cluster
+// of two blocks. A rule, not a timing, so that every rank and every run of a replicated segment makes
+// the same choice, and so computes the same bits; MESHFUSE_NORM_AUTOTUNE=1 times the two instead
+// (normalization.cpp says why).
+bool splitsByDefault(const NormalizationVariant& unsplit, const NormalizationVariant& split);
 
 // Compiles (cached) and launches on `device`'s current stream; the tensors must live there.
 void runNormalization(int device, const NormalizationLaunch& launch);

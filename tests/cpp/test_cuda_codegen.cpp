@@ -369,7 +369,8 @@ TEST(NormalizationCodegen, BiasGradientVariantByRowLength) {
 
 // A row that one block holds (12288 bf16 columns, every norm) can also be split over a cluster of two
 // blocks of half the threads, each holding the same share a thread: the variant runNormalization
-// times against the unsplit one (normalization.cpp).
+// times against the unsplit one under MESHFUSE_NORM_AUTOTUNE=1; by default such rows stay whole
+// (normalization.cpp).
 TEST(NormalizationCodegen, RowsOneBlockHoldsCanSplitOverAClusterOfTwo) {
   for (testing_norms::Norm norm : testing_norms::kAllNorms) {
     NormSegment ns(norm, DataType::BFloat16, 2048, 12288);
@@ -381,14 +382,15 @@ TEST(NormalizationCodegen, RowsOneBlockHoldsCanSplitOverAClusterOfTwo) {
     EXPECT_EQ(two.cluster, 2) << two.key();
     EXPECT_TRUE(one.items > 0 && !one.stream && two.items == one.items && !two.stream) << one.key() << " " << two.key();
     EXPECT_EQ(two.threads_x * 2, one.threads_x) << one.key() << " " << two.key();
+    EXPECT_FALSE(cuda::splitsByDefault(one, two)) << "held rows stay whole unless timed";
     // Without clusters (before sm_90) there is no split.
     EXPECT_EQ(cuda::chooseNormalizationVariant(*launch, false, 2).cluster, 1);
   }
 }
 
 // The layer's residual LayerNorm backward streams its row inputs by default at 12288 columns;
-// with a split of two a cluster of two blocks holds them instead (what runNormalization times
-// against streaming), and the kernel compiles.
+// with a split of two a cluster of two blocks holds them instead, which runNormalization runs by
+// default (splitsByDefault; MESHFUSE_NORM_AUTOTUNE=1 times the two), and the kernel compiles.
 TEST(NormalizationCodegen, StreamedRowsCanSplitOverAClusterOfTwoThatHoldsThem) {
   NormSegment ns([](Fusion& f, const testing_norms::InputFn& input) {
     return testing_norms::defineResidualLayerNormBackward(f, DataType::BFloat16, 2048, 12288, input);
@@ -399,6 +401,8 @@ TEST(NormalizationCodegen, StreamedRowsCanSplitOverAClusterOfTwoThatHoldsThem) {
   const cuda::NormalizationVariant two = cuda::chooseNormalizationVariant(*launch, true, 2);
   EXPECT_TRUE(one.cluster == 1 && one.items > 0 && one.stream) << one.key();
   EXPECT_TRUE(two.cluster == 2 && two.items > 0 && !two.stream) << two.key();
+  EXPECT_TRUE(cuda::splitsByDefault(one, two));
+  EXPECT_FALSE(cuda::splitsByDefault(one, one)) << "no cluster to split over";
   EXPECT_EQ(cuda::chooseNormalizationVariant(*launch, false, 2).key(), one.key()) << "no clusters before sm_90";
   ASSERT_NO_THROW(compile(cuda::generateNormalizationSource(launch->program, two, "k")));
 }

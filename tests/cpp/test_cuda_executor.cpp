@@ -5,7 +5,9 @@
 
 #if MESHFUSE_HAVE_CUDA
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -88,6 +90,8 @@ struct Case {
   // A Matmul segment as the lowering builds one with an epilogue: the matmul, then the exprs that
   // findMatmulEpilogues folds into it.
   bool fold_epilogue = false;
+  // After check(): the CUDA executor's outputs, copied to the host (for tests that compare two runs).
+  std::vector<Tensor> gpu_results;
 
   TensorView* input(DataType dtype, const std::vector<int64_t>& shape, std::mt19937& rng, double lo = -3,
                     double hi = 3) {
@@ -123,8 +127,10 @@ struct Case {
     makeCpuExecutor()->run(seg, cpu_values, shapes);
     auto gpu = makeCudaExecutor(0);
     ASSERT_NO_THROW(gpu->run(seg, gpu_values, shapes)) << what;
-    for (TensorView* out : outputs)
+    for (TensorView* out : outputs) {
       expectClose(cpu_values.tensor(out), gpu_values.tensor(out), what + " " + out->name(), loose);
+      gpu_results.push_back(gpu_values.tensor(out).to(Device::cpu()));
+    }
   }
 };
 
@@ -477,15 +483,15 @@ TEST(CudaExecutorNormalization, ManyRowsAndTheStreamingVariant) {
   }
 }
 
-// Rows that one block holds or streams, at sizes where runNormalization may time splitting them over
-// a cluster of two blocks that hold them (normalization.cpp): both ways give the CPU's results,
-// whichever the timing picks. Split forced (MESHFUSE_NORM_AUTOTUNE=split), never split (=0), and timed
-// (=1, twice: the first call times both and the second runs the one kept). The layer's residual
-// LayerNorm backward is the streamed case.
+// Rows that one block holds or streams, at sizes where runNormalization may split them over a
+// cluster of two blocks that hold them (normalization.cpp): both ways give the CPU's results,
+// whichever is chosen. The default (a rule: streamed rows split), split forced
+// (MESHFUSE_NORM_AUTOTUNE=split), never split (=0), and timed (=1, twice: the first call times both
+// and the second runs the one kept). The layer's residual LayerNorm backward is the streamed case.
 TEST(CudaExecutorNormalization, LargeRowsSplitOrNotMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(37);
-  for (const char* mode : {"split", "0", "1", "1"}) {
+  for (const char* mode : {"", "split", "0", "1", "1"}) {
     ::setenv("MESHFUSE_NORM_AUTOTUNE", mode, 1);
     for (testing_norms::Norm norm : testing_norms::kAllNorms)
       for (const auto& [rows, row] : std::vector<std::pair<int64_t, int64_t>>{{600, 12288}, {2048, 4096}})
@@ -494,6 +500,55 @@ TEST(CudaExecutorNormalization, LargeRowsSplitOrNotMatchTheCpu) {
                      /*loose=*/true, rng, [](Fusion& f, const testing_norms::InputFn& input) {
                        return testing_norms::defineResidualLayerNormBackward(f, DataType::BFloat16, 600, 12288, input);
                      });
+  }
+  ::unsetenv("MESHFUSE_NORM_AUTOTUNE");
+}
+
+// By default whether a large normalization is split is a rule, not a timing, so every rank and run
+// of a replicated segment (tensor parallelism's LayerNorms) computes the same bits: the default
+// gives exactly the bits of forcing the rule's answer, split for the layer's residual LayerNorm
+// backward (its inputs stream) and whole for a LayerNorm whose row one block holds. (A split reduces
+// in another order: the two ways differ in their last bits.)
+TEST(CudaExecutorNormalization, TheDefaultSplitIsARuleSoEveryRankGetsTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  const auto run = [](const char* mode, bool streamed) {
+    if (mode == nullptr) {
+      ::unsetenv("MESHFUSE_NORM_AUTOTUNE");
+    } else {
+      ::setenv("MESHFUSE_NORM_AUTOTUNE", mode, 1);
+    }
+    std::mt19937 rng(38);  // the same inputs for every mode
+    Case c;
+    c.kind = Segment::Kind::Normalization;
+    const auto input = [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+      return c.input(d, std::move(shape), rng, lo, hi);
+    };
+    c.outputs = streamed
+                    ? testing_norms::defineResidualLayerNormBackward(c.fusion, DataType::BFloat16, 600, 12288, input)
+                    : testing_norms::defineNorm(testing_norms::Norm::LayerNorm, c.fusion, DataType::BFloat16, 2048,
+                                                4096, input);
+    c.check(std::string(streamed ? "residual layer_norm_backward" : "layer_norm") +
+                ", MESHFUSE_NORM_AUTOTUNE=" + (mode == nullptr ? "(unset)" : mode),
+            /*loose=*/true);
+    return c.gpu_results;
+  };
+  for (const bool streamed : {true, false}) {
+    const std::vector<Tensor> by_default = run(nullptr, streamed);
+    const std::vector<Tensor> forced = run(streamed ? "split" : "0", streamed);
+    ASSERT_EQ(by_default.size(), forced.size());
+    for (size_t i = 0; i < forced.size(); ++i) {
+      ASSERT_EQ(by_default[i].nbytes(), forced[i].nbytes());
+      EXPECT_EQ(std::memcmp(by_default[i].data(), forced[i].data(), forced[i].nbytes()), 0)
+          << (streamed ? "streamed" : "held") << " rows, output " << i << ": the default ran the other way";
+    }
+    if (!streamed) continue;
+    // Why it matters, for the record (not asserted: equal bits would be luck, not a defect).
+    const std::vector<Tensor> whole = run("0", true);
+    bool differs = false;
+    for (size_t i = 0; i < whole.size(); ++i)
+      differs = differs || std::memcmp(whole[i].data(), forced[i].data(), forced[i].nbytes()) != 0;
+    std::printf("[   NOTE   ] the residual LayerNorm backward split and whole: %s\n",
+                differs ? "different last bits" : "the same bits");
   }
   ::unsetenv("MESHFUSE_NORM_AUTOTUNE");
 }
