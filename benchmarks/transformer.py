@@ -186,6 +186,10 @@ def run_cpu(args):
 
     rows.append(("forward+backward", *timed_pair(mf_step, torch_step, barrier, args.warmup, args.iters)))
     parts = cpu_breakdown(layer, x, dy, args) if args.breakdown else None
+    host = {}
+    if args.host_breakdown:
+        for name, trace in traced_cpu_passes(layer, x, dy, args.trace_dir, trace_host=True):
+            host[name] = host_trace_summary(trace) if rank == 0 else None
     floor_ms = gemm_floor_ms(cfg, d)
     if d > 1:  # torch 1.13 aborts at exit when its gloo group's threads outlive the interpreter
         torch.distributed.destroy_process_group()
@@ -207,6 +211,8 @@ def run_cpu(args):
             desc = ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
             print(f"# rank 0 {name} ms by segment kind (mean of {args.breakdown} traced steps): {desc}, "
                   f"total {sum(kinds.values()):.2f}")
+        for name, summary in host.items():
+            print_host_breakdown(f"rank 0 {name}", summary)
 
 
 def gemm_floor_ms(cfg, d):
@@ -225,25 +231,58 @@ def gemm_floor_ms(cfg, d):
     return step_flops(cfg) / d / rate * 1e3, rate / 1e9, f"[{m}, {k}] x [{k}, {n}]"
 
 
-def cpu_breakdown(layer, x, dy, args):
-    """Rank 0's milliseconds per segment kind in the forward and backward fusions, from a trace of each
-    over args.breakdown steps (communication wait: mostly waiting for the other ranks)."""
+def traced_cpu_passes(layer, x, dy, trace_dir, **trace_options):
+    """Runs the layer's forward and backward fusions once each with a trace; yields (pass, trace path)."""
     from meshfuse.torch import _plain
     fwd, bwd = layer.forward_fusion, layer.backward_fusion
     params = [_plain(getattr(layer, n)) for n in tf.PARAMETERS]
+    trace = os.path.join(trace_dir, "transformer_cpu_fwd_trace.json")
+    outs = dict(zip(tf.FORWARD_OUTPUTS, fwd.execute([_plain(x)] + params, trace=trace, **trace_options)))
+    yield "forward", trace
+    arrays = dict(outs, x=_plain(x), grad_out=dy, **dict(zip(tf.PARAMETERS, params)))
+    trace = os.path.join(trace_dir, "transformer_cpu_bwd_trace.json")
+    bwd.execute([arrays[n] for n in bwd.input_names()], trace=trace, **trace_options)
+    yield "backward", trace
+
+
+def cpu_breakdown(layer, x, dy, args):
+    """Rank 0's milliseconds per segment kind in the forward and backward fusions, from a trace of each
+    over args.breakdown steps (communication wait: mostly waiting for the other ranks)."""
     parts = {"forward": {}, "backward": {}}
     for _ in range(args.breakdown):
-        trace = os.path.join(args.trace_dir, "transformer_cpu_fwd_trace.json")
-        outs = dict(zip(tf.FORWARD_OUTPUTS, fwd.execute([_plain(x)] + params, trace=trace)))
-        step = {"forward": trace_breakdown(trace, pid=0) if layer.rank == 0 else {}}
-        arrays = dict(outs, x=_plain(x), grad_out=dy, **dict(zip(tf.PARAMETERS, params)))
-        trace = os.path.join(args.trace_dir, "transformer_cpu_bwd_trace.json")
-        bwd.execute([arrays[n] for n in bwd.input_names()], trace=trace)
-        step["backward"] = trace_breakdown(trace, pid=0) if layer.rank == 0 else {}
-        for name, kinds in step.items():
+        for name, trace in traced_cpu_passes(layer, x, dy, args.trace_dir):
+            kinds = trace_breakdown(trace, pid=0) if layer.rank == 0 else {}
             for kind, ms in kinds.items():
                 parts[name][kind] = parts[name].get(kind, 0.0) + ms / args.breakdown
     return parts
+
+
+def host_trace_summary(path, pid=0, top=6):
+    """From a trace written with trace_host=True (each segment's span: the host's time to launch it):
+    (the host program's ms, ms per segment kind, the `top` slowest segments as (ms, name))."""
+    import json
+    with open(path) as f:
+        events = json.load(f)
+    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    program, kinds, segments = 0.0, {}, []
+    for ev in events:
+        if ev.get("ph") != "X" or ev.get("cat") != "host" or ev.get("pid") != pid:
+            continue
+        ms = ev["dur"] / 1e3
+        if ev["name"] == "host program":
+            program += ms
+            continue
+        kind = ev["name"].split()[0]
+        kinds[kind] = kinds.get(kind, 0.0) + ms
+        segments.append((ms, ev["name"]))
+    return program, kinds, sorted(segments, reverse=True)[:top]
+
+
+def print_host_breakdown(name, summary):
+    program, kinds, slowest = summary
+    desc = ", ".join(f"{k} {v:.3f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    print(f"# {name} host ms launching its segments (host trace, nothing synchronized): host program "
+          f"{program:.3f}; by kind: {desc}; slowest: " + ", ".join(f"{n} {ms * 1e3:.0f} us" for ms, n in slowest))
 
 
 def trace_breakdown(path, pid=None):
@@ -362,6 +401,14 @@ def run_cuda(args):
     trace = os.path.join(args.trace_dir, "transformer_bwd_trace.json")
     bwd.execute(bwd_ins, trace=trace)
     bwd_parts = trace_breakdown(trace, pid=0) if rank == 0 else {}
+    host = {}
+    if args.host_breakdown:  # after a synchronization, so that the host's spans are its own
+        for name, fd, inputs in (("forward", fwd, ins), ("backward", bwd, bwd_ins)):
+            sync()
+            trace = os.path.join(args.trace_dir, f"transformer_{name}_host_trace.json")
+            fd.execute(inputs, trace=trace, trace_host=True)
+            host[name] = host_trace_summary(trace) if rank == 0 else None
+        sync()
     if args.profile or args.profile_timeline:
         # Every rank runs the profiled calls (at d > 1 they communicate); rank 0 prints.
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull if rank else sys.stdout):
@@ -414,6 +461,8 @@ def run_cuda(args):
         total = sum(parts.values())
         desc = ", ".join(f"{k} {v:.2f} ms ({v / total:.0%})" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
         print(f"# {name} by segment kind (synchronized trace): {desc}")
+    for name, summary in host.items():
+        print_host_breakdown(name, summary)
 
 
 def main():
@@ -433,6 +482,9 @@ def main():
                     help="CPU: meshfuse's communicator backend (torch's side always runs gloo)")
     ap.add_argument("--breakdown", type=int, default=0, metavar="STEPS",
                     help="CPU: also trace STEPS meshfuse steps and print rank 0's time per segment kind")
+    ap.add_argument("--host-breakdown", action="store_true",
+                    help="also trace one call of each pass with trace_host=True and print the host's time to "
+                         "launch its segments, by kind and the slowest (where a host-bound pass goes)")
     ap.add_argument("--mask-widths", nargs="+", default=None, choices=["narrow", "exact"],
                     help="CUDA: also time meshfuse under each MESHFUSE_ATTENTION_MASK width")
     ap.add_argument("--backward-masks", nargs="+", default=None, choices=["key_major", "query_major"],

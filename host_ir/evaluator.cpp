@@ -150,12 +150,21 @@ void HostIrEvaluator::run(ValueMap& values) {
         double begin = now();
         const Segment& seg = hic_.segments[ins.index];
         executor_.run(seg, values, hic_.local_shapes);
-        if (tracer_) executor_.synchronize();  // device time, not enqueue time, in the trace
-        if (tracer_) tracer_->add(toString(seg.kind) + " " + seg.outputs.front()->name(), "compute", 0, begin, now());
+        // Device time, not enqueue time, in the trace; or, tracing the host, the enqueue time alone.
+        if (tracer_ && !params_.trace_host) executor_.synchronize();
+        if (tracer_)
+          tracer_->add(toString(seg.kind) + " " + seg.outputs.front()->name(), params_.trace_host ? "host" : "compute",
+                       0, begin, now());
         break;
       }
       case Instruction::Kind::StreamForLoop:
-        runStreamLoop(hic_, hic_.loops[ins.index], values, executor_, params_, tracer_);
+        if (tracer_ && params_.trace_host) {  // one host span: the loop's own tracing synchronizes
+          const double begin = now();
+          runStreamLoop(hic_, hic_.loops[ins.index], values, executor_, params_, nullptr);
+          tracer_->add("stream loop " + std::to_string(ins.index), "host", 0, begin, now());
+        } else {
+          runStreamLoop(hic_, hic_.loops[ins.index], values, executor_, params_, tracer_);
+        }
         break;
       case Instruction::Kind::PostCommunication:
         if (debug::enabled(debug::Level::Info))

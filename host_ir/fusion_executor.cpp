@@ -203,9 +203,13 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   std::string trace_path = eval_params.trace_path;
   if (const char* env = std::getenv("MESHFUSE_TRACE"); trace_path.empty() && env) trace_path = env;
   if (!trace_path.empty() && multi && comm->size() > 1) comm->barrier();  // one time origin for all ranks
+  if (const char* env = std::getenv("MESHFUSE_TRACE_HOST"); env && std::string(env) == "1")
+    eval_params.trace_host = true;
   std::unique_ptr<Tracer> tracer = trace_path.empty() ? nullptr : std::make_unique<Tracer>();
+  const double program_begin = tracer ? tracer->nowUs() : 0.0;
   withTimeoutPolicy("while running the host program",
                     [&] { HostIrEvaluator(*program.hic, eval_params, *program.executor, tracer.get()).run(values); });
+  if (tracer && eval_params.trace_host) tracer->add("host program", "host", 0, program_begin, tracer->nowUs());
   if (tracer) writeTraceFromAllRanks(*tracer, trace_path, multi ? comm : nullptr, timeout);
 
   std::vector<Tensor> outputs;

@@ -28,6 +28,11 @@ struct HostIrEvaluatorParams {
   // Deadline of every wait on a communication (env MESHFUSE_TIMEOUT, in seconds, overrides).
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
   std::string trace_path;  // when set, a Chrome trace JSON of the execution is written there
+  // What a trace's segment spans measure. false (default): device time, each segment synchronized
+  // (the GPU's work per segment, not overlapped with the host). true (or env MESHFUSE_TRACE_HOST=1):
+  // the host's time to launch each segment, nothing synchronized, so the trace shows where a pass
+  // whose GPU waits on its host spends the host's time (category "host"; stream loops as one span).
+  bool trace_host = false;
 };
 
 struct MultiDeviceExecutorParams {

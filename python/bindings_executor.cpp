@@ -55,7 +55,8 @@ void bindExecutor(py::module_& m) {
       .def_readwrite("number_of_streams", &HostIrEvaluatorParams::number_of_streams)
       .def_readwrite("overlap_sm_margin", &HostIrEvaluatorParams::overlap_sm_margin)
       .def_readwrite("timeout", &HostIrEvaluatorParams::timeout, "A datetime.timedelta (or float seconds)")
-      .def_readwrite("trace_path", &HostIrEvaluatorParams::trace_path);
+      .def_readwrite("trace_path", &HostIrEvaluatorParams::trace_path)
+      .def_readwrite("trace_host", &HostIrEvaluatorParams::trace_host);
 
   py::class_<MultiDeviceExecutorParams>(m, "MultiDeviceExecutorParams")
       .def(py::init<>())

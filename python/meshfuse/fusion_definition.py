@@ -432,11 +432,14 @@ class FusionDefinition:
         return self._params.executor.number_of_streams
 
     # ---- running ------------------------------------------------------------------------------
-    def execute(self, inputs, *, trace=None):
+    def execute(self, inputs, *, trace=None, trace_host=False):
         """Runs on this rank's inputs (numpy arrays, torch tensors, numbers; None for a tensor whose
         mesh excludes this rank). Returns one output per add_output: numpy arrays for numpy inputs,
         torch tensors when any input is a torch tensor, None where an output is not on this rank.
-        trace: a path to write a Chrome trace of this execution to."""
+        trace: a path to write a Chrome trace of this execution to. Its segment spans are device
+        time (each segment synchronized); with trace_host=True they are the host's time to launch
+        each one instead, nothing synchronized (category "host", and a "host program" span around
+        them): where a pass whose GPU waits on its host spends the host's time."""
         self._ensure_defined()
         with self._lock:
             if not self._fusion.outputs():
@@ -445,6 +448,9 @@ class FusionDefinition:
             if trace is not None:
                 params = _C.MultiDeviceExecutorParams(self._params)
                 params.executor.trace_path = str(trace)
+                params.executor.trace_host = bool(trace_host)
+            elif trace_host:
+                raise ValueError("execute: trace_host=True needs trace=<path> to write the trace to")
             if self._cache is None:
                 self._cache = _C.FusionExecutorCache(self._fusion)
             try:

@@ -93,9 +93,10 @@ def test_transformer_cpu_one_rank(backend):
         if getattr(CommunicatorBackend, backend) not in Communicator.instance().available_backends():
             pytest.skip(f"this build has no {backend} backend")
     out = run_script("benchmarks/transformer.py", "--device", "cpu", "--hidden", "64", "--sequence", "32", "--heads",
-                     "4", "--iters", "1", "--warmup", "1", "--breakdown", "1", "--backend", backend)
+                     "4", "--iters", "1", "--warmup", "1", "--breakdown", "1", "--host-breakdown", "--backend", backend)
     for row in ("forward ", "forward+backward ", "rank 0 forward ms by segment kind", "rank 0 backward ms",
-                "# GEMM floor:", f"meshfuse backend {backend}"):
+                "# GEMM floor:", f"meshfuse backend {backend}", "rank 0 forward host ms launching its segments",
+                "rank 0 backward host ms launching its segments"):
         assert row in out, out
 
 

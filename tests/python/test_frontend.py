@@ -218,6 +218,39 @@ def test_trace_is_written(rng, tmp_path):
     assert any("relu" in json.dumps(e) or "pointwise" in json.dumps(e) for e in events), events
 
 
+def test_trace_host_spans_each_segments_launch_inside_the_host_program(rng, tmp_path):
+    """trace_host=True: one "host" span per segment (the host's time to launch it, nothing
+    synchronized), in program order, inside one "host program" span; the default trace has none."""
+    import json
+
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        m = fd.ops.matmul(fd.ops.relu(x), w)  # a pointwise segment, then the matmul's
+        fd.add_output(fd.ops.mul(fd.ops.sum(m, [1]), 2.0))  # and a reduction's
+    a, b = random_array(rng, (16, 8), np.float32), random_array(rng, (8, 4), np.float32)
+
+    def events(**kwargs):
+        path = tmp_path / "trace.json"
+        (out,) = fd.execute([a, b], trace=path, **kwargs)
+        np.testing.assert_allclose(out, (np.maximum(a, 0) @ b).sum(1) * 2, rtol=1e-4)
+        loaded = json.loads(path.read_text())
+        loaded = loaded["traceEvents"] if isinstance(loaded, dict) else loaded
+        return [e for e in loaded if e.get("ph") == "X"]
+
+    host = events(trace_host=True)
+    program = [e for e in host if e["name"] == "host program"]
+    segments = [e for e in host if e["cat"] == "host" and e["name"] != "host program"]
+    assert len(program) == 1 and len(segments) >= 2, host
+    assert not [e for e in host if e["cat"] == "compute"], host
+    starts = [e["ts"] for e in segments]
+    assert starts == sorted(starts), segments
+    first, last = program[0]["ts"], program[0]["ts"] + program[0]["dur"]
+    assert all(first <= e["ts"] and e["ts"] + e["dur"] <= last + 1 for e in segments), host
+    assert not [e for e in events() if e["cat"] == "host"], "the default trace is of device time"
+    with pytest.raises(ValueError, match="trace_host"):
+        fd.execute([a, b], trace_host=True)
+
+
 def test_non_contiguous_input_when_the_definition_allows_it(rng):
     base = random_array(rng, (6, 4), np.float32)
     with FusionDefinition() as fd:
