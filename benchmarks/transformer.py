@@ -14,8 +14,10 @@ With several GPUs (one rank per GPU) the same command under mpirun runs TP over 
 Times are the median of --iters rounds after --warmup, synchronized (a barrier on CPU, the device on
 CUDA). The libraries alternate, each pass called once a round, and each speed-up is the median of the
 rounds' ratios (a shared VM's speed drifts by tens of percent within a run, a GPU's clocks with the
-GEMMs' power); TFLOP/s count the layer's GEMM and attention FLOPs (fwd: 24 b s e^2 + 4 b s^2 e, halved
-for causal attention; bwd: twice the forward's).
+GEMMs' power); --order blocks times each library's calls back to back instead, which tells apart,
+for passes of a few ms, what a call costs when it follows the other library's. TFLOP/s count the
+layer's GEMM and attention FLOPs (fwd: 24 b s e^2 + 4 b s^2 e, halved for causal attention; bwd:
+twice the forward's).
 """
 import argparse
 import contextlib
@@ -114,23 +116,36 @@ def torch_layer(x, p, cfg, tp):
     return h1 + F.dropout(fc2 + p["fc2_bias"], cfg.dropout_p)
 
 
-def timed_rounds(fns, sync, warmup, iters):
+def timed_rounds(fns, sync, warmup, iters, blocks=False):
     """{name: [seconds, one per round]}: each of fns (a dict of name -> callable) called once a round,
     in order, synchronized, for `iters` rounds after `warmup`. Alternating the two libraries call by
     call lets a drift in the machine's speed (a shared VM's neighbours, a GPU's clocks under the
     GEMMs' power) weigh on both sides of each round alike, rather than on whichever block of calls
-    ran during it; ratios are then taken round by round (round_ratio)."""
+    ran during it; ratios are then taken round by round (round_ratio). blocks=True (--order blocks)
+    runs each callable's warm-up and rounds in a block of its own instead: where a pass is short
+    enough that a call's speed depends on which library ran just before it (caches, allocators, the
+    host's state), the two orders together tell that part from the libraries' own costs."""
+    def timed(fn):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+
+    if blocks:
+        times = {}
+        for name, fn in fns.items():
+            for _ in range(warmup):
+                fn()
+            times[name] = [timed(fn) for _ in range(iters)]
+        return times
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     times = {name: [] for name in fns}
     for _ in range(iters):
         for name, fn in fns.items():
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(timed(fn))
     return times
 
 
@@ -139,9 +154,9 @@ def round_ratio(numerator, denominator):
     return statistics.median(n / d for n, d in zip(numerator, denominator))
 
 
-def timed_pair(fn_a, fn_b, sync, warmup, iters):
+def timed_pair(fn_a, fn_b, sync, warmup, iters, blocks=False):
     """(median a, median b, median of b / a over rounds): timed_rounds of the two."""
-    t = timed_rounds({"a": fn_a, "b": fn_b}, sync, warmup, iters)
+    t = timed_rounds({"a": fn_a, "b": fn_b}, sync, warmup, iters, blocks)
     return statistics.median(t["a"]), statistics.median(t["b"]), round_ratio(t["b"], t["a"])
 
 
@@ -173,7 +188,7 @@ def run_cpu(args):
     rows = []
     with torch.no_grad():
         rows.append(("forward", *timed_pair(lambda: layer(x), lambda: torch_layer(xt, params, cfg, d), barrier,
-                                            args.warmup, args.iters)))
+                                            args.warmup, args.iters, args.order == "blocks")))
 
     def mf_step():
         layer.zero_grad(set_to_none=True)  # as the torch side's p.grad = None (torch 1.13 would zero-fill)
@@ -184,7 +199,8 @@ def run_cpu(args):
             p.grad = None
         torch_layer(xt, params, cfg, d).backward(dy)
 
-    rows.append(("forward+backward", *timed_pair(mf_step, torch_step, barrier, args.warmup, args.iters)))
+    rows.append(("forward+backward", *timed_pair(mf_step, torch_step, barrier, args.warmup, args.iters,
+                                                 args.order == "blocks")))
     parts = cpu_breakdown(layer, x, dy, args) if args.breakdown else None
     host = {}
     if args.host_breakdown:
@@ -195,7 +211,8 @@ def run_cpu(args):
         torch.distributed.destroy_process_group()
     if rank == 0:
         print(f"# transformer layer, CPU, {d} rank(s) ({schedule}), b={cfg.batch} s={cfg.sequence} e={cfg.hidden} "
-              f"h={cfg.heads} fp32, threads/rank={torch.get_num_threads()}, meshfuse backend {args.backend}")
+              f"h={cfg.heads} fp32, threads/rank={torch.get_num_threads()}, meshfuse backend {args.backend}, "
+              f"calls {'in blocks' if args.order == 'blocks' else 'alternating'}")
         print(f"{'pass':<18}{'meshfuse ms':>13}{'torch gloo ms':>15}{'speed-up':>10}{'GFLOP/s mf':>12}")
         for name, mf, tt, ratio in rows:
             # (Before session 15 the forward+backward row counted the backward's alone, a third low.
@@ -394,7 +411,7 @@ def run_cuda(args):
                 "compile inf": no_grad(lambda: compiled(xt, params, cfg, d)),
                 "compile fwd": lambda: compiled(xt, params, cfg, d),
                 "compile step": lambda: step(compiled)})
-    t = timed_rounds(fns, sync, args.warmup, args.iters)
+    t = timed_rounds(fns, sync, args.warmup, args.iters, args.order == "blocks")
     trace = os.path.join(args.trace_dir, "transformer_fwd_trace.json")
     fwd.execute(ins, trace=trace)
     fwd_parts = trace_breakdown(trace, pid=0) if rank == 0 else {}  # rank 0's segments (the file has every rank's)
@@ -456,7 +473,8 @@ def run_cuda(args):
               f"({round_ratio(t['compile step'], w_step):.2f}x)")
     print(f"# torch's forward with autograd on (above) / under no_grad: eager {med(t['eager fwd']) * 1e3:.2f} / "
           f"{med(t['eager inf']) * 1e3:.2f} ms, compile {med(t['compile fwd']) * 1e3:.2f} / "
-          f"{med(t['compile inf']) * 1e3:.2f} ms; ratios are medians over {args.iters} rounds of one call each")
+          f"{med(t['compile inf']) * 1e3:.2f} ms; ratios are medians over {args.iters} rounds of one call each"
+          f" ({'each library in a block of its own' if args.order == 'blocks' else 'the libraries alternating'})")
     for name, parts in (("forward", fwd_parts), ("backward", bwd_parts)):
         total = sum(parts.values())
         desc = ", ".join(f"{k} {v:.2f} ms ({v / total:.0%})" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
@@ -482,6 +500,9 @@ def main():
                     help="CPU: meshfuse's communicator backend (torch's side always runs gloo)")
     ap.add_argument("--breakdown", type=int, default=0, metavar="STEPS",
                     help="CPU: also trace STEPS meshfuse steps and print rank 0's time per segment kind")
+    ap.add_argument("--order", choices=["alternate", "blocks"], default="alternate",
+                    help="alternate (default): the libraries' calls take turns, round by round; blocks: each "
+                         "library's calls back to back in a block of its own (timed_rounds says when to use it)")
     ap.add_argument("--host-breakdown", action="store_true",
                     help="also trace one call of each pass with trace_host=True and print the host's time to "
                          "launch its segments, by kind and the slowest (where a host-bound pass goes)")

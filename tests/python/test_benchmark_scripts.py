@@ -100,6 +100,13 @@ def test_transformer_cpu_one_rank(backend):
         assert row in out, out
 
 
+def test_transformer_cpu_in_blocks():
+    pytest.importorskip("torch")
+    out = run_script("benchmarks/transformer.py", "--device", "cpu", "--hidden", "64", "--sequence", "32", "--heads",
+                     "4", "--iters", "2", "--warmup", "1", "--order", "blocks")
+    assert "calls in blocks" in out and "forward+backward " in out, out
+
+
 def test_transformer_breakdown_counts_waiting_not_communications_in_flight(tmp_path):
     """A communication's trace event spans its post to the end of its wait, over the compute it ran
     beside: the breakdown sums segments by kind and the compute lane's gaps, never those spans."""
