@@ -274,15 +274,19 @@ def cpu_breakdown(layer, x, dy, args):
     return parts
 
 
-def host_trace_summary(path, pid=0, top=6):
-    """From a trace written with trace_host=True (each segment's span: the host's time to launch it):
-    (the host program's ms, ms per segment kind, the `top` slowest segments as (ms, name))."""
+def trace_events(path):
+    """The events of a meshfuse trace file (a {"traceEvents": [...]} object or a bare list)."""
     import json
     with open(path) as f:
         events = json.load(f)
-    events = events.get("traceEvents", events) if isinstance(events, dict) else events
+    return events.get("traceEvents", events) if isinstance(events, dict) else events
+
+
+def host_trace_summary(path, pid=0, top=6):
+    """From a trace written with trace_host=True (each segment's span: the host's time to launch it):
+    (the host program's ms, ms per segment kind, the `top` slowest segments as (ms, name))."""
     program, kinds, segments = 0.0, {}, []
-    for ev in events:
+    for ev in trace_events(path):
         if ev.get("ph") != "X" or ev.get("cat") != "host" or ev.get("pid") != pid:
             continue
         ms = ev["dur"] / 1e3
@@ -307,12 +311,8 @@ def trace_breakdown(path, pid=None):
     the time its compute lane spent in no segment between the first and the last, i.e. waiting for a
     communication (or the host). Communications themselves are not summed: a post's event lasts to the
     end of its wait, which includes the compute it ran beside (host_ir/wait_placement.h)."""
-    import json
-    with open(path) as f:
-        events = json.load(f)
-    events = events.get("traceEvents", events) if isinstance(events, dict) else events
     total, lanes = {}, {}
-    for ev in events:
+    for ev in trace_events(path):
         if ev.get("ph") != "X" or ev.get("cat") != "compute" or (pid is not None and ev.get("pid") != pid):
             continue
         kind = ev["name"].split()[0]
@@ -323,6 +323,19 @@ def trace_breakdown(path, pid=None):
     if wait > 0.005:
         total["communication wait"] = wait
     return total
+
+
+def cuda_layer_inputs(cfg, fwd, bwd, rank):
+    """Random bf16 weights and input for the layer (the full tensors, on the host), this rank's shards
+    of them on its GPU (the forward's inputs), and the backward's inputs from one forward call."""
+    gen = torch.Generator().manual_seed(0)
+    full = {n: (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+            for n, shape in cfg.parameter_shapes().items()}
+    full["x"] = torch.randn(cfg.batch, cfg.sequence, cfg.hidden, generator=gen).to(torch.bfloat16)
+    ins = [t.cuda() for t in tf.shard_inputs(fwd, full, rank)]
+    outs = dict(zip(tf.FORWARD_OUTPUTS, fwd.execute(ins)))
+    saved = dict(outs, x=ins[0], grad_out=torch.randn_like(outs["out"]), **dict(zip(tf.PARAMETERS, ins[1:])))
+    return full, ins, [saved[n] for n in bwd.input_names()]
 
 
 def run_cuda(args):
@@ -348,15 +361,7 @@ def run_cuda(args):
     mesh = tf.mesh_for(schedule, d) if d > 1 else None
     fwd = tf.TransformerForward(cfg, mesh, schedule)
     bwd = tf.TransformerBackward(cfg, mesh, schedule)
-    gen = torch.Generator().manual_seed(0)
-    shapes = cfg.parameter_shapes()
-    full = {n: (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16) for n, shape in shapes.items()}
-    full["x"] = torch.randn(cfg.batch, cfg.sequence, cfg.hidden, generator=gen).to(torch.bfloat16)
-    ins = [t.cuda() for t in tf.shard_inputs(fwd, full, rank)]
-    outs = dict(zip(tf.FORWARD_OUTPUTS, fwd.execute(ins)))
-    saved = dict(outs, x=ins[0], grad_out=torch.randn_like(outs["out"]),
-                 **{n: t for n, t in zip(tf.PARAMETERS, ins[1:])})
-    bwd_ins = [saved[n] for n in bwd.input_names()]
+    full, ins, bwd_ins = cuda_layer_inputs(cfg, fwd, bwd, rank)
     sync = torch.cuda.synchronize
     # meshfuse's two passes also under each dropout-mask width (MESHFUSE_ATTENTION_MASK), backward mask
     # order (MESHFUSE_ATTENTION_BACKWARD_MASK) and attention RNG (MESHFUSE_ATTENTION_RNG) asked for, all

@@ -18,21 +18,17 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # benchmarks/transformer.py
+import transformer as layer_benchmark  # noqa: E402 (it puts the checkout's python/ on the path)
 from meshfuse import DataType  # noqa: E402
 from meshfuse.models import transformer as tf  # noqa: E402
 
 
 def layer_calls(cfg):
-    """Two callables, the layer's forward and its backward on CUDA tensors, on random data."""
+    """Two callables, the layer's forward and its backward on CUDA tensors, on random data (the
+    inputs benchmarks/transformer.py times)."""
     fwd, bwd = tf.TransformerForward(cfg), tf.TransformerBackward(cfg)
-    gen = torch.Generator().manual_seed(0)
-    full = {n: (torch.randn(s, generator=gen) * 0.02).to(torch.bfloat16) for n, s in cfg.parameter_shapes().items()}
-    full["x"] = torch.randn(cfg.batch, cfg.sequence, cfg.hidden, generator=gen).to(torch.bfloat16)
-    inputs = [t.cuda() for t in tf.shard_inputs(fwd, full, 0)]
-    outputs = dict(zip(tf.FORWARD_OUTPUTS, fwd.execute(inputs)))
-    saved = dict(outputs, x=inputs[0], grad_out=torch.randn_like(outputs["out"]), **dict(zip(tf.PARAMETERS, inputs[1:])))
-    backward_inputs = [saved[n] for n in bwd.input_names()]
+    _, inputs, backward_inputs = layer_benchmark.cuda_layer_inputs(cfg, fwd, bwd, 0)
     return (lambda: fwd.execute(inputs)), (lambda: bwd.execute(backward_inputs))
 
 
