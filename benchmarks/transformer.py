@@ -284,10 +284,16 @@ def trace_events(path):
 
 def host_trace_summary(path, pid=0, top=6):
     """From a trace written with trace_host=True (each segment's span: the host's time to launch it):
-    (the host program's ms, ms per segment kind, the `top` slowest segments as (ms, name))."""
-    program, kinds, segments = 0.0, {}, []
+    (the host program's ms, ms per segment kind, the `top` slowest segments as (ms, name), and the
+    executor's own steps inside the segments (category "host detail", runtime/host_span.h) as
+    (self ms, name, count), most first: a step's time less that of the steps inside it)."""
+    program, kinds, segments, details = 0.0, {}, [], []
     for ev in trace_events(path):
-        if ev.get("ph") != "X" or ev.get("cat") != "host" or ev.get("pid") != pid:
+        if ev.get("ph") != "X" or ev.get("pid") != pid:
+            continue
+        if ev.get("cat") == "host detail":
+            details.append(ev)
+        if ev.get("cat") != "host":
             continue
         ms = ev["dur"] / 1e3
         if ev["name"] == "host program":
@@ -296,14 +302,31 @@ def host_trace_summary(path, pid=0, top=6):
         kind = ev["name"].split()[0]
         kinds[kind] = kinds.get(kind, 0.0) + ms
         segments.append((ms, ev["name"]))
-    return program, kinds, sorted(segments, reverse=True)[:top]
+    return program, kinds, sorted(segments, reverse=True)[:top], detail_self_times(details)
+
+
+def detail_self_times(events):
+    """[(self ms, name, count)] of nested spans (one thread's): each span's time less its children's."""
+    self_us, counts, stack = {}, {}, []
+    for ev in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        while stack and stack[-1]["ts"] + stack[-1]["dur"] <= ev["ts"]:
+            stack.pop()
+        if stack:
+            self_us[stack[-1]["name"]] -= ev["dur"]
+        self_us[ev["name"]] = self_us.get(ev["name"], 0.0) + ev["dur"]
+        counts[ev["name"]] = counts.get(ev["name"], 0) + 1
+        stack.append(ev)
+    return sorted(((us / 1e3, name, counts[name]) for name, us in self_us.items()), reverse=True)
 
 
 def print_host_breakdown(name, summary):
-    program, kinds, slowest = summary
+    program, kinds, slowest, details = summary
     desc = ", ".join(f"{k} {v:.3f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
     print(f"# {name} host ms launching its segments (host trace, nothing synchronized): host program "
           f"{program:.3f}; by kind: {desc}; slowest: " + ", ".join(f"{n} {ms * 1e3:.0f} us" for ms, n in slowest))
+    if details:
+        print(f"# {name} host steps inside the segments, self us (calls): " +
+              ", ".join(f"{n} {ms * 1e3:.0f} ({c})" for ms, n, c in details))
 
 
 def trace_breakdown(path, pid=None):

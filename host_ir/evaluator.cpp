@@ -2,12 +2,14 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "host_ir/comm_debug.h"
 #include "host_ir/comm_layout.h"
 #include "host_ir/stream_loop.h"
 #include "multidevice/communicator.h"
 #include "multidevice/debug_log.h"
+#include "runtime/host_span.h"
 
 namespace meshfuse {
 
@@ -140,7 +142,26 @@ class CommunicationRunner {
 
 }  // namespace
 
+namespace {
+// Tracing the host: the executors' own spans inside each segment's (runtime/host_span.h) join the
+// trace, category "host detail".
+class TracerSpans final : public host_span::Recorder {
+ public:
+  explicit TracerSpans(Tracer& tracer) : tracer_(tracer) {}
+  double nowUs() const override { return tracer_.nowUs(); }
+  void record(const char* name, double begin_us, double end_us) override {
+    tracer_.add(name, "host detail", 0, begin_us, end_us);
+  }
+
+ private:
+  Tracer& tracer_;
+};
+}  // namespace
+
 void HostIrEvaluator::run(ValueMap& values) {
+  std::optional<TracerSpans> spans;
+  if (tracer_ && params_.trace_host) spans.emplace(*tracer_);
+  host_span::RecorderGuard span_recorder(spans ? &*spans : nullptr);
   CommunicationRunner runner(hic_, values);
   std::vector<InFlight> in_flight(hic_.communications.size());
   auto now = [this]() { return tracer_ ? tracer_->nowUs() : 0.0; };

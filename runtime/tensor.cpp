@@ -12,6 +12,7 @@
 
 #include "runtime/cpu/strided_space.h"
 #include "runtime/element.h"
+#include "runtime/host_span.h"
 
 namespace meshfuse {
 
@@ -29,6 +30,7 @@ class CpuAllocator final : public Allocator {
   static constexpr size_t kMinCached = size_t{1} << 20, kMaxCachedBytes = size_t{256} << 20;
 
   void* allocate(size_t bytes) override {
+    host_span::Scope span("host allocate");
     const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = rounded >= kMinCached ? takeCached(rounded) : nullptr;
     if (p == nullptr) p = std::aligned_alloc(64, rounded);
@@ -37,6 +39,7 @@ class CpuAllocator final : public Allocator {
     return p;
   }
   void deallocate(void* ptr, size_t bytes) override {
+    host_span::Scope span("host free");
     g_cpu_bytes -= static_cast<int64_t>(bytes);
     const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     if (rounded < kMinCached || rounded > kMaxCachedBytes) return std::free(ptr);

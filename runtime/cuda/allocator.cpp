@@ -13,6 +13,7 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/streams.h"
+#include "runtime/host_span.h"
 #include "runtime/tensor.h"
 
 namespace meshfuse {
@@ -35,6 +36,7 @@ class CudaPoolAllocator final : public Allocator {
 
   void* allocate(size_t bytes) override {
     if (bytes == 0) return nullptr;
+    host_span::Scope span("cudaMallocAsync");
     cuda::DeviceGuard guard(device_);
     cudaStream_t stream = cuda::currentStream(device_);
     void* p = nullptr;
@@ -60,6 +62,7 @@ class CudaPoolAllocator final : public Allocator {
   // exit, when the memory is gone with the process anyway.
   void deallocate(void* ptr, size_t bytes) override {
     if (ptr == nullptr) return;
+    host_span::Scope span("cudaFreeAsync");
     in_use_ -= static_cast<int64_t>(bytes);
     int previous = -1;
     if (cudaGetDevice(&previous) != cudaSuccess) return;
@@ -109,6 +112,7 @@ int64_t cuda::bytesReserved(int device) { return allocatorOf(device).reserved();
 
 void cudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
+  host_span::Scope span("host-device copy (waits for it)");
   // The copy is queued on the current stream of the CUDA side (the destination's when both are), so
   // it orders after the kernels that produced the source there; then the host waits for it.
   const Device side = dst_device.type == DeviceType::CUDA ? dst_device : src_device;

@@ -31,6 +31,7 @@
 #include "runtime/cuda/attention_rng.h"
 #include "runtime/cuda/dropout_mask.h"
 #include "runtime/cuda/streams.h"
+#include "runtime/host_span.h"
 #endif
 
 namespace meshfuse::cuda {
@@ -394,10 +395,15 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   const std::optional<GradientBuffer> grads_buffer =
       forward ? std::nullopt : gradientsLikeInputs(tensors[kBwdQ], tensors[kBwdK], tensors[kBwdV], in_place);
   wanted.grads_like_inputs = grads_buffer.has_value();
+  std::optional<host_span::Scope> lookup_span(std::in_place, "cuDNN: graph lookup");
   auto built = cachedGraph(device, forward, p, dtype, mask_dtype, strides, cudnn_rng, wanted);
   cudnnHandle_t handle = handleFor(device);
-  if (cudnnSetStream(handle, currentStream(device)) != CUDNN_STATUS_SUCCESS)
-    throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
+  lookup_span.reset();
+  {
+    host_span::Scope span("cudnnSetStream");
+    if (cudnnSetStream(handle, currentStream(device)) != CUDNN_STATUS_SUCCESS)
+      throw std::runtime_error("cuDNN attention: cudnnSetStream failed");
+  }
   std::unordered_map<TensorAttr, void*> pack;
   std::vector<Tensor> keep;  // what is bound (inputs or their dense copies), alive until the call is queued
   auto bind = [&](const std::string& name, const Tensor& t) {
@@ -479,6 +485,7 @@ std::vector<Tensor> runAttention(int device, const Expr& e, AttentionParams p, c
   const int64_t workspace_bytes = plan >= 0 ? built->plan.workspace : built->workspace;
   Tensor workspace = Tensor::empty({(workspace_bytes + 7) / 8}, DataType::Int, dev);
   void* workspace_at = workspace_bytes > 0 ? workspace.data() : nullptr;
+  host_span::Scope execute_span("cuDNN execute");
   if (plan >= 0)
     checkCudnn(built->graph->execute_plan_at_index(handle, pack, workspace_at, plan), "execute");
   else

@@ -19,6 +19,7 @@
 #include "runtime/cuda/reduction.h"
 #include "runtime/cuda/streams.h"
 #include "runtime/cuda/views.h"
+#include "runtime/host_span.h"
 #include "runtime/segment.h"
 #include "runtime/view_ops.h"
 
@@ -33,6 +34,7 @@ class SegmentRun {
  public:
   SegmentRun(int device, const Segment& seg, ValueMap& values, const ShapeMap& shapes)
       : device_(device), seg_(seg), values_(values), shapes_(shapes) {
+    host_span::Scope span("segment: setup");
     outputs_.insert(seg.outputs.begin(), seg.outputs.end());
     findReadThroughCasts();
   }
@@ -146,6 +148,7 @@ class SegmentRun {
   // Exprs [begin, end) are pointwise; the values used after them are computed by one kernel per
   // distinct output shape, each from the backward slice of the chain it needs.
   void runPointwiseGroup(size_t begin, size_t end) {
+    host_span::Scope span("pointwise: program from the exprs");
     std::map<std::vector<int64_t>, std::vector<const Expr*>> by_shape;
     for (size_t i = begin; i < end; ++i) {
       const Expr* e = seg_.exprs[i];
@@ -216,6 +219,7 @@ class SegmentRun {
   // The whole segment as one normalization kernel (runtime/cuda/normalization.h); false (nothing
   // run) when the scheduler does not take it, and the exprs then run one by one.
   bool runFusedNormalization() {
+    host_span::Scope span("normalization segment");
     std::vector<Tensor> outputs;
     for (TensorView* out : seg_.outputs) {
       auto it = shapes_.find(out);
@@ -266,6 +270,7 @@ class SegmentRun {
     const std::vector<int64_t> out_shape = shapeOf(e);
     computed_shapes_[e.out()] = out_shape;
     if (isReduction(e.op())) {
+      host_span::Scope span("reduction");
       Tensor out = allocate(e.out(), out_shape);
       const auto through = read_through_.find(e.input(0));
       const Val* operand = through == read_through_.end() ? e.input(0) : through->second;
@@ -280,7 +285,11 @@ class SegmentRun {
       case OpType::BroadcastInDim:
       case OpType::Slice:
       case OpType::StrideOrder:
-      case OpType::Reshape: bind(e.out(), cuda::applyView(e, tensor(e.input(0)), out_shape)); return;
+      case OpType::Reshape: {
+        host_span::Scope span("view");
+        bind(e.out(), cuda::applyView(e, tensor(e.input(0)), out_shape));
+        return;
+      }
       case OpType::Cat: {
         std::vector<Tensor> parts;
         for (const Val* v : e.inputs()) parts.push_back(tensor(v));
@@ -296,6 +305,7 @@ class SegmentRun {
   // cuBLASLt cannot, and the exprs run one by one instead (same values up to rounding: the
   // epilogue applies the activation to the fp32 accumulator, the exprs to the stored product).
   bool runEpilogue() {
+    host_span::Scope span("matmul with epilogue");
     const Expr& product_expr = *seg_.exprs.front();
     const TensorView* product = product_expr.out();
     const MatmulEpilogue& epi = seg_.epilogue;
@@ -339,6 +349,7 @@ class SegmentRun {
 
   // Fused attention through cuDNN (runtime/cuda/attention.cpp); all of its results at once.
   void runAttention(const Expr& e) {
+    host_span::Scope span("attention");
     std::vector<Tensor> operands;
     for (const Val* v : e.inputs()) operands.push_back(v->isTensor() ? tensor(v) : Tensor());
     const size_t qi = e.op() == OpType::SdpaFwd ? size_t{ops::sdpa::kQ} : size_t{ops::sdpa::kBwdQ};
@@ -357,6 +368,7 @@ class SegmentRun {
   // Operands of another dtype are converted to the result's; integer products run in fp64
   // (exact below 2^53) and are converted back.
   void runProduct(const Expr& e, const std::vector<int64_t>& out_shape) {
+    host_span::Scope span("matmul");
     const DataType out_t = e.out()->dtype();
     const bool integral = !isFloatingPoint(out_t);
     const DataType work_t = integral ? DataType::Double : out_t;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/host_span.h"
 
 namespace meshfuse::cuda {
 
@@ -117,6 +118,7 @@ int computeCapabilityMajor(int device) { return cachedAttribute(cudaDevAttrCompu
 
 KernelFunction cachedKernel(int device, const std::string& key, const std::function<std::string()>& make_source,
                             const std::string& name) {
+  host_span::Scope span("kernel cache lookup");
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   auto fit = c.functions.find({device, key});
@@ -135,6 +137,7 @@ KernelFunction cachedKernel(int device, const std::string& key, const std::funct
 
 void launchKernel(KernelFunction kernel, unsigned grid, unsigned block, Stream stream, void* params,
                   unsigned dynamic_shared_bytes, unsigned grid_y, unsigned block_y) {
+  host_span::Scope span("cudaLaunchKernel");
   void* args[] = {params};
   MESHFUSE_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(grid, grid_y), dim3(block, block_y),
                                        args, dynamic_shared_bytes, stream));
@@ -153,6 +156,7 @@ void launchClusterKernel(KernelFunction kernel, unsigned grid, unsigned block, u
   attribute.val.clusterDim.z = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
+  host_span::Scope span("cudaLaunchKernelExC");
   void* args[] = {params};
   MESHFUSE_CUDA_CHECK(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), args));
 }

@@ -17,6 +17,7 @@
 #include "runtime/cuda/launch_timing.h"
 #include "runtime/cuda/pointwise_kernel.h"
 #include "runtime/cuda/streams.h"
+#include "runtime/host_span.h"
 #include "runtime/matrix_layout.h"
 
 namespace meshfuse::cuda {
@@ -316,6 +317,7 @@ bool gemmWithEpilogue(int device, const GemmProblem& p, const void* a, const voi
   const void* bias_pointer = e.bias != nullptr ? e.bias : e.bias_grad;
   const int align[5] = {alignmentOf(b), alignmentOf(a), alignmentOf(c), bias_pointer ? alignmentOf(bias_pointer) : 256,
                         e.aux ? alignmentOf(e.aux) : 256};
+  std::optional<host_span::Scope> lookup_span(std::in_place, "cuBLASLt: plan lookup");
   const std::vector<cublasLtEpilogue_t> epilogues = epiloguesToTry(e);
   std::ostringstream key;
   key << static_cast<int>(p.dtype) << ":" << p.m << "," << p.n << "," << p.k << "," << p.batch << "," << p.stride_a
@@ -329,6 +331,7 @@ bool gemmWithEpilogue(int device, const GemmProblem& p, const void* a, const voi
   if (it == state.plans.end())
     it = state.plans.emplace(key.str(), makePlan(state, p, epilogues, align, e.aux_ld, matmulSmCountTarget())).first;
   Plan* plan = &it->second;
+  lookup_span.reset();
   if (plan->candidates.empty()) return false;
   void* workspace = workspaceFor(state, stream);
   cublasLtHandle_t handle = state.handle;
@@ -354,6 +357,7 @@ bool gemmWithEpilogue(int device, const GemmProblem& p, const void* a, const voi
   // (Tuning a GELU-aux plan writes aux, which the call writes anyway; a DGELU plan only reads it.)
   if (!plan->tuned && tuneCandidates() > 0 && flops >= kTuneMinFlops)
     tune(*plan, key.str(), handle, stream, alpha, beta, a, b, c, workspace);
+  host_span::Scope call_span("cublasLtMatmul");
   MESHFUSE_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha, b, plan->a, a, plan->b, beta, c, plan->c, c, plan->c,
                                        &plan->algo, workspace, kWorkspaceBytes, stream));
   if (e.bias && !plan->fusedBias()) addBiasInPlace(device, p.dtype, c, p.batch * p.m, p.n, e.bias);

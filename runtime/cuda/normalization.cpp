@@ -17,6 +17,7 @@
 #include "runtime/cuda/kernel_cache.h"
 #include "runtime/cuda/launch_timing.h"
 #include "runtime/cuda/streams.h"
+#include "runtime/host_span.h"
 #include "runtime/normalization_plan.h"
 
 namespace meshfuse::cuda {
@@ -80,6 +81,7 @@ struct PlanEntry {
 };
 
 std::shared_ptr<const PlanEntry> cachedPlan(const Segment& seg, const ShapeMap& shapes) {
+  host_span::Scope span("normalization: plan lookup");
   std::string key;
   key.reserve(seg.exprs.size() * 96);
   auto put = [&](const auto& v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
@@ -125,6 +127,7 @@ std::shared_ptr<const PlanEntry> cachedPlan(const Segment& seg, const ShapeMap& 
 std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, const ShapeMap& shapes,
                                                         const ValueMap& values, const std::vector<Tensor>& outputs,
                                                         std::string* why) {
+  host_span::Scope span("normalization: prepare");
   auto refuse = [&](const std::string& reason) -> std::optional<NormalizationLaunch> {
     if (why) *why = reason;
     return std::nullopt;
@@ -426,6 +429,7 @@ struct Compiled {
 };
 
 const Compiled& compiled(int device, const Program& p, const NormalizationVariant& v) {
+  host_span::Scope span("normalization: kernels lookup");
   static std::mutex mutex;
   static std::map<std::pair<int, std::string>, Compiled> cache;  // nodes never move: references stay valid
   std::string key = p.key();
@@ -456,6 +460,7 @@ namespace {
 
 // Launches variant `v` (compiled as `c`) of the segment on the device's current stream.
 void launchVariant(int device, const NormalizationLaunch& L, const NormalizationVariant& v, const Compiled& c) {
+  host_span::Scope span("normalization: parameters");
   const Program& p = L.program;
   DeviceGuard guard(device);
   // A persistent grid: as many blocks as run at once (the row groups loop), capped at 2 blocks a
@@ -623,6 +628,7 @@ bool splitsByDefault(const NormalizationVariant& unsplit, const NormalizationVar
 }
 
 void runNormalization(int device, const NormalizationLaunch& L) {
+  host_span::Scope span("normalization: variant");
   const NormalizationVariant chosen = chooseNormalizationVariant(L);
   const Compiled& first = compiled(device, L.program, chosen);
   const NormalizationVariant v = tunedVariant(device, L, chosen, first);

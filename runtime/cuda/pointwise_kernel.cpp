@@ -7,6 +7,7 @@
 
 #include "runtime/cuda/kernel_cache.h"
 #include "runtime/cuda/streams.h"
+#include "runtime/host_span.h"
 
 namespace meshfuse::cuda {
 
@@ -147,6 +148,7 @@ PointwiseVariant choosePointwiseVariant(const std::vector<Tensor>& inputs, const
 void runPointwise(int device, const PointwiseProgram& program, const std::vector<Tensor>& inputs,
                   const std::vector<double>& scalars, const std::vector<Tensor>& outputs,
                   const std::vector<RandomIndex>& random_in) {
+  host_span::Scope span("pointwise: checks and parameters");
   std::vector<RandomIndex> random = random_in;
   random.resize(static_cast<size_t>(program.numRandom()));
   if (inputs.size() != program.inputs.size() || outputs.size() != program.outputs.size() ||

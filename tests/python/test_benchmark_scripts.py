@@ -96,8 +96,19 @@ def test_transformer_cpu_one_rank(backend):
                      "4", "--iters", "1", "--warmup", "1", "--breakdown", "1", "--host-breakdown", "--backend", backend)
     for row in ("forward ", "forward+backward ", "rank 0 forward ms by segment kind", "rank 0 backward ms",
                 "# GEMM floor:", f"meshfuse backend {backend}", "rank 0 forward host ms launching its segments",
-                "rank 0 backward host ms launching its segments"):
+                "rank 0 backward host ms launching its segments", "rank 0 backward host steps inside the segments"):
         assert row in out, out
+    assert re.search(r"host steps inside the segments, self us \(calls\): .*host allocate [0-9]+ \([0-9]+\)", out), out
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+def test_transformer_cuda_host_breakdown_names_each_library_call():
+    out = run_script("benchmarks/transformer.py", "--device", "cuda", "--hidden", "128", "--sequence", "64", "--heads",
+                     "2", "--iters", "1", "--warmup", "1", "--host-breakdown", timeout=300)
+    steps = [line for line in out.splitlines() if "host steps inside the segments" in line]
+    assert len(steps) == 2, out  # forward and backward
+    for step in ("cudaLaunchKernel", "cublasLtMatmul", "cuDNN execute", "cudaMallocAsync", "segment: setup"):
+        assert all(step in line for line in steps), out
 
 
 def test_transformer_cpu_in_blocks():

@@ -220,7 +220,8 @@ def test_trace_is_written(rng, tmp_path):
 
 def test_trace_host_spans_each_segments_launch_inside_the_host_program(rng, tmp_path):
     """trace_host=True: one "host" span per segment (the host's time to launch it, nothing
-    synchronized), in program order, inside one "host program" span; the default trace has none."""
+    synchronized), in program order, inside one "host program" span, and the executor's steps inside
+    them ("host detail"); the default trace has neither."""
     import json
 
     with FusionDefinition() as fd:
@@ -246,7 +247,13 @@ def test_trace_host_spans_each_segments_launch_inside_the_host_program(rng, tmp_
     assert starts == sorted(starts), segments
     first, last = program[0]["ts"], program[0]["ts"] + program[0]["dur"]
     assert all(first <= e["ts"] and e["ts"] + e["dur"] <= last + 1 for e in segments), host
-    assert not [e for e in events() if e["cat"] == "host"], "the default trace is of device time"
+    # The executor's own steps (runtime/host_span.h; on the CPU its allocations), each inside a segment's span.
+    details = [e for e in host if e["cat"] == "host detail"]
+    assert {e["name"] for e in details} >= {"host allocate"}, host
+    inside = lambda d: any(s["ts"] <= d["ts"] and d["ts"] + d["dur"] <= s["ts"] + s["dur"] + 1 for s in segments)
+    assert all(inside(d) for d in details if d["name"] == "host allocate"), host
+    default = events()
+    assert not [e for e in default if e["cat"] in ("host", "host detail")], "the default trace is of device time"
     with pytest.raises(ValueError, match="trace_host"):
         fd.execute([a, b], trace_host=True)
 
