@@ -3,14 +3,18 @@ op (or, with --device cuda, torch eager on torch.cuda tensors), and against the 
 execute. On CUDA nothing synchronizes inside the loop: both sides only queue a kernel.
 
     .venv/bin/python benchmarks/host_overhead.py [--iters 20000] [--device cuda]
-    .venv/bin/python benchmarks/host_overhead.py --transformer [--iters 2000]
+    .venv/bin/python benchmarks/host_overhead.py --transformer [--iters 2000] [--device cuda]
 
---transformer: the host side of the transformer layer's backward fusion instead (27 inputs: weights,
-activations, two bool dropout masks, the attention's 0-dim seed and offset), at a tiny size (b=1,
-s=8, e=64, 2 heads) where its kernels take little: a cached execute and, of it, the inputs'
-checks and DLPack imports.
+--transformer: the host side of the transformer layer's forward and backward fusions instead (the
+backward's 27 inputs: weights, activations, two bool dropout masks, the attention's 0-dim seed and
+offset), at a tiny size (b=1, s=8, e=64, 2 heads) where its kernels take little: a cached execute
+and, of it, the inputs' checks and DLPack imports, the C++ execute and the host program within it,
+and the outputs' exports (bf16 torch tensors on CUDA, float32 numpy arrays on the CPU).
 """
 import argparse
+import json
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -23,24 +27,60 @@ def best_of(fn, iters):
     return best_time(fn, calls=iters, repeat=5, warmup=False)
 
 
-def transformer_backward(iters):
+def transformer_passes(iters, device):
+    """The layer's forward and backward at a tiny size, where their kernels take little: each cached
+    execute and, of it, the inputs' checks and imports, the C++ execute (of which the host program:
+    the segments' launches, from a host trace) and the outputs' exports. On CUDA nothing synchronizes
+    in the loop, so the host's time is measured (its queue of kernels stays short at this size)."""
     from meshfuse.models import FORWARD_OUTPUTS, PARAMETERS, TransformerBackward, TransformerConfig
     from meshfuse.models import TransformerForward
 
-    cfg = TransformerConfig(batch=1, sequence=8, heads=2, hidden=64, dtype=DataType.Float, dropout_p=0.1)
+    dtype = DataType.BFloat16 if device == "cuda" else DataType.Float
+    cfg = TransformerConfig(batch=1, sequence=8, heads=2, hidden=64, dtype=dtype, dropout_p=0.1)
     rng = np.random.default_rng(0)
     params = {n: (rng.standard_normal(s) * 0.1).astype(np.float32) for n, s in cfg.parameter_shapes().items()}
     x = rng.standard_normal((cfg.batch, cfg.sequence, cfg.hidden)).astype(np.float32)
-    outs = dict(zip(FORWARD_OUTPUTS, TransformerForward(cfg).execute([x] + [params[n] for n in PARAMETERS])))
+    if device == "cuda":
+        import torch
+
+        params = {n: torch.from_numpy(a).to("cuda", torch.bfloat16) for n, a in params.items()}
+        x = torch.from_numpy(x).to("cuda", torch.bfloat16)
+    fwd = TransformerForward(cfg)
+    fwd_inputs = [x] + [params[n] for n in PARAMETERS]
+    outs = dict(zip(FORWARD_OUTPUTS, fwd.execute(fwd_inputs)))
     bwd = TransformerBackward(cfg)
     arrays = dict(outs, x=x, grad_out=x, **params)
-    inputs = [arrays[n] for n in bwd.input_names()]
-    bwd.execute(inputs)
-    print("| what | us per call |")
-    print("|---|---|")
-    print(f"| cached execute of the layer's backward ({len(inputs)} inputs, b=1 s=8 e=64) | "
-          f"{best_of(lambda: bwd.execute(inputs), iters) * 1e6:.1f} |")
-    print(f"|   of which: inputs checked and imported | {best_of(lambda: bwd._arguments(inputs), iters) * 1e6:.1f} |")
+    bwd_inputs = [arrays[n] for n in bwd.input_names()]
+    bwd.execute(bwd_inputs)
+    print(f"| {device}, b=1 s=8 e=64, us per call | forward ({len(fwd_inputs)} inputs) | backward "
+          f"({len(bwd_inputs)} inputs) |")
+    print("|---|---|---|")
+    rows = {}
+    for fd, inputs in ((fwd, fwd_inputs), (bwd, bwd_inputs)):
+        cpp_args, torch_out = fd._arguments(inputs)
+        results = fd._cache.execute(cpp_args, fd._params)
+        convert = _arrays.to_torch if torch_out else _arrays.to_numpy
+        parts = {
+            "cached execute": lambda: fd.execute(inputs),
+            "  of which: inputs checked and imported": lambda: fd._arguments(inputs),
+            "  of which: C++ FusionExecutorCache.execute": lambda: fd._cache.execute(cpp_args, fd._params),
+            "  of which: outputs exported": lambda: [None if t is None else convert(t) for t in results],
+        }
+        for what, fn in parts.items():
+            rows.setdefault(what, []).append(best_of(fn, iters) * 1e6)
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = os.path.join(tmp, "host.json")
+            best = None
+            for _ in range(5):  # the fastest of five traced calls
+                fd.execute(inputs, trace=trace, trace_host=True)
+                with open(trace) as f:
+                    events = json.load(f)["traceEvents"]
+                us = sum(e["dur"] for e in events if e.get("name") == "host program")
+                best = us if best is None else min(best, us)
+        # (Traced: each span adds its own cost, so this can exceed the untraced C++ execute above.)
+        rows.setdefault("the host program alone, traced (trace_host=True)", []).append(best)
+    for what, (fwd_us, bwd_us) in rows.items():
+        print(f"| {what} | {fwd_us:.1f} | {bwd_us:.1f} |")
 
 
 def main():
@@ -50,7 +90,7 @@ def main():
     parser.add_argument("--transformer", action="store_true", help="the transformer backward's host side instead")
     args = parser.parse_args()
     if args.transformer:
-        transformer_backward(args.iters)
+        transformer_passes(args.iters, args.device)
         return
     if args.device == "cuda":
         import torch

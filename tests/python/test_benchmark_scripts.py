@@ -61,6 +61,18 @@ def test_host_overhead_table():
     assert "cached execute of add" in out, out
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_host_overhead_of_the_transformer_passes(device):
+    if device == "cuda" and not torch_cuda_available():
+        pytest.skip("needs torch with a CUDA GPU (and meshfuse built with cuDNN)")
+    out = run_script("benchmarks/host_overhead.py", "--transformer", "--iters", "5", "--device", device)
+    rows = re.findall(r"^\| (.+?) \| ([0-9.]+) \| ([0-9.]+) \|$", out, re.M)
+    assert [r[0].strip() for r in rows] == [
+        "cached execute", "of which: inputs checked and imported", "of which: C++ FusionExecutorCache.execute",
+        "of which: outputs exported", "the host program alone, traced (trace_host=True)"], out
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows), out
+
+
 def test_cpu_layer_gemms_probe_lists_every_gemm():
     out = run_script("benchmarks/probes/cpu_layer_gemms.py", "--hidden", "64", "--sequence", "32", "--ranks", "2",
                      "--repeat", "1")
