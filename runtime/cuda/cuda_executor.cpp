@@ -5,8 +5,12 @@
 // cuBLASLt, views a restride. Everything is enqueued on the device's current stream.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -29,11 +33,58 @@ namespace {
 
 using Operand = cuda::PointwiseProgram::Operand;
 
+// One generated kernel of a run of pointwise exprs: its program (and the program's kernel-cache key),
+// the values it reads in the program's order, the exprs whose results it writes, its random ops.
+struct PointwiseKernelPlan {
+  cuda::PointwiseProgram program;
+  std::string key;
+  std::vector<const Val*> inputs;      // tensors, one per program input
+  std::vector<const Val*> scalars;     // the non-constant scalars, one per program scalar
+  std::vector<const Expr*> producers;  // one per program output
+  std::vector<const Expr*> random;     // the random exprs, in program order
+};
+
+// The kernels of one run of pointwise exprs, valid while the exprs' shapes are `shapes`.
+struct PointwiseGroupPlan {
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<PointwiseKernelPlan> kernels;
+};
+
+// The pointwise groups' plans of one executor's segments, by (segment, first expr). Building a plan
+// (which exprs are needed later, the slices, the programs and their keys) cost 10-60 us of host time
+// a group on the H100's host, most of a small kernel's launch (BENCHMARKS.md, session 25); the
+// segments live as long as their executor (one per cached host program). A segment also runs with
+// other shapes (a stream loop's chunks), hence the shapes check: a mismatch plans again.
+// MESHFUSE_CUDA_PLAN_CACHE=0 (read at each run, for A/B timing) plans every run, as before.
+bool planCacheEnabled() {
+  const char* e = std::getenv("MESHFUSE_CUDA_PLAN_CACHE");
+  return e == nullptr || std::string(e) != "0";
+}
+
+class PointwisePlans {
+ public:
+  std::shared_ptr<const PointwiseGroupPlan> find(const Segment* seg, size_t begin,
+                                                 const std::vector<std::vector<int64_t>>& shapes) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = plans_.find({seg, begin});
+    if (it == plans_.end() || it->second->shapes != shapes) return nullptr;
+    return it->second;
+  }
+  void store(const Segment* seg, size_t begin, std::shared_ptr<const PointwiseGroupPlan> plan) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    plans_[{seg, begin}] = std::move(plan);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<const Segment*, size_t>, std::shared_ptr<const PointwiseGroupPlan>> plans_;
+};
+
 // The tensors of one segment run: the segment's inputs (from the ValueMap) and what it computes.
 class SegmentRun {
  public:
-  SegmentRun(int device, const Segment& seg, ValueMap& values, const ShapeMap& shapes)
-      : device_(device), seg_(seg), values_(values), shapes_(shapes) {
+  SegmentRun(int device, const Segment& seg, ValueMap& values, const ShapeMap& shapes, PointwisePlans& pointwise_plans)
+      : device_(device), seg_(seg), values_(values), shapes_(shapes), pointwise_plans_(pointwise_plans) {
     host_span::Scope span("segment: setup");
     outputs_.insert(seg.outputs.begin(), seg.outputs.end());
     findReadThroughCasts();
@@ -146,19 +197,38 @@ class SegmentRun {
   }
 
   // Exprs [begin, end) are pointwise; the values used after them are computed by one kernel per
-  // distinct output shape, each from the backward slice of the chain it needs.
+  // distinct output shape, each from the backward slice of the chain it needs. The kernels' programs
+  // depend on the segment and the exprs' shapes only: built on the group's first run and kept by the
+  // executor (PointwisePlans) for as long as the shapes are those it was built for.
   void runPointwiseGroup(size_t begin, size_t end) {
     host_span::Scope span("pointwise: program from the exprs");
-    std::map<std::vector<int64_t>, std::vector<const Expr*>> by_shape;
+    std::vector<std::vector<int64_t>> shapes;
+    shapes.reserve(end - begin);
     for (size_t i = begin; i < end; ++i) {
       const Expr* e = seg_.exprs[i];
-      computed_shapes_[e->out()] = shapeOf(*e);
-      if (neededLater(e->out(), end)) by_shape[computed_shapes_[e->out()]].push_back(e);
+      shapes.push_back(shapeOf(*e));
+      computed_shapes_[e->out()] = shapes.back();
     }
-    for (const auto& [shape, producers] : by_shape) runPointwiseProgram(begin, end, producers);
+    const bool keep = planCacheEnabled();
+    std::shared_ptr<const PointwiseGroupPlan> plan = keep ? pointwise_plans_.find(&seg_, begin, shapes) : nullptr;
+    if (!plan) {
+      auto built = std::make_shared<PointwiseGroupPlan>();
+      built->shapes = std::move(shapes);
+      std::map<std::vector<int64_t>, std::vector<const Expr*>> by_shape;
+      for (size_t i = begin; i < end; ++i)
+        if (neededLater(seg_.exprs[i]->out(), end)) by_shape[built->shapes[i - begin]].push_back(seg_.exprs[i]);
+      for (const auto& [shape, producers] : by_shape) built->kernels.push_back(planKernel(begin, end, producers));
+      plan = built;
+      if (keep) pointwise_plans_.store(&seg_, begin, plan);
+    }
+    for (const PointwiseKernelPlan& kernel : plan->kernels) runPointwiseKernel(kernel);
   }
 
-  void runPointwiseProgram(size_t begin, size_t end, const std::vector<const Expr*>& producers) {
+  // The program of the kernel that computes `producers` from the exprs [begin, end): the backward
+  // slice of the chain they need, its tensor inputs, its scalars and its random ops, in order.
+  PointwiseKernelPlan planKernel(size_t begin, size_t end, const std::vector<const Expr*>& producers) {
+    PointwiseKernelPlan plan;
+    plan.producers = producers;
     std::unordered_set<const Val*> needed;
     for (const Expr* e : producers) needed.insert(e->out());
     std::vector<const Expr*> slice;
@@ -170,9 +240,7 @@ class SegmentRun {
     }
     std::reverse(slice.begin(), slice.end());
 
-    cuda::PointwiseProgram prog;
-    std::vector<Tensor> inputs;
-    std::vector<double> scalars;
+    cuda::PointwiseProgram& prog = plan.program;
     std::unordered_map<const Val*, Operand> operand_of;
     auto operand = [&](const Val* v) -> Operand {
       auto it = operand_of.find(v);
@@ -181,8 +249,8 @@ class SegmentRun {
       o.dtype = v->dtype();
       if (v->isTensor()) {
         o.kind = Operand::Kind::Input;
-        o.index = static_cast<int>(inputs.size());
-        inputs.push_back(tensor(v));
+        o.index = static_cast<int>(plan.inputs.size());
+        plan.inputs.push_back(v);
         prog.inputs.push_back(v->dtype());
       } else if (static_cast<const Scalar*>(v)->isConstant()) {
         o.kind = Operand::Kind::Constant;
@@ -190,7 +258,7 @@ class SegmentRun {
       } else {
         o.kind = Operand::Kind::Scalar;
         o.index = prog.num_scalars++;
-        scalars.push_back(values_.scalar(v));
+        plan.scalars.push_back(v);
       }
       return operand_of[v] = o;
     };
@@ -203,17 +271,28 @@ class SegmentRun {
       t.dtype = ins.dtype;
       prog.instrs.push_back(std::move(ins));
       operand_of[e->out()] = t;
+      if (isRandom(e->op())) plan.random.push_back(e);
     }
-    std::vector<Tensor> outputs;
-    for (const Expr* e : producers) {
-      prog.outputs.push_back(operand_of.at(e->out()).index);
-      outputs.push_back(allocate(e->out(), computed_shapes_.at(e->out())));
-    }
+    for (const Expr* e : producers) prog.outputs.push_back(operand_of.at(e->out()).index);
+    plan.key = prog.key();
+    return plan;
+  }
+
+  // One kernel of a pointwise group on this run's tensors and scalars.
+  void runPointwiseKernel(const PointwiseKernelPlan& plan) {
+    std::vector<Tensor> inputs, outputs;
+    std::vector<double> scalars;
+    inputs.reserve(plan.inputs.size());
+    for (const Val* v : plan.inputs) inputs.push_back(tensor(v));
+    scalars.reserve(plan.scalars.size());
+    for (const Val* v : plan.scalars) scalars.push_back(values_.scalar(v));
+    outputs.reserve(plan.producers.size());
+    for (const Expr* e : plan.producers) outputs.push_back(allocate(e->out(), computed_shapes_.at(e->out())));
     std::vector<cuda::RandomIndex> random;
-    for (const Expr* e : slice)
-      if (isRandom(e->op())) random.push_back(randomIndex(*e, computed_shapes_.at(producers.front()->out())));
-    cuda::runPointwise(device_, prog, inputs, scalars, outputs, random);
-    for (size_t i = 0; i < producers.size(); ++i) bind(producers[i]->out(), outputs[i]);
+    for (const Expr* e : plan.random)
+      random.push_back(randomIndex(*e, computed_shapes_.at(plan.producers.front()->out())));
+    cuda::runPointwise(device_, plan.program, inputs, scalars, outputs, random, plan.key);
+    for (size_t i = 0; i < plan.producers.size(); ++i) bind(plan.producers[i]->out(), outputs[i]);
   }
 
   // The whole segment as one normalization kernel (runtime/cuda/normalization.h); false (nothing
@@ -386,6 +465,7 @@ class SegmentRun {
   const Segment& seg_;
   ValueMap& values_;
   const ShapeMap& shapes_;
+  PointwisePlans& pointwise_plans_;
   std::unordered_set<const TensorView*> outputs_;
   std::unordered_map<const Val*, Tensor> local_;
   std::unordered_map<const Val*, std::vector<int64_t>> computed_shapes_;
@@ -397,13 +477,14 @@ class CudaExecutor final : public SegmentExecutor {
   explicit CudaExecutor(int device) : device_(device) {}
   void run(const Segment& seg, ValueMap& values, const ShapeMap& shapes) override {
     cuda::DeviceGuard guard(device_);
-    SegmentRun(device_, seg, values, shapes).execute();
+    SegmentRun(device_, seg, values, shapes, pointwise_plans_).execute();
   }
   Device device() const override { return Device::cuda(device_); }
   void synchronize() override { cuda::synchronizeStream(device_, cuda::currentStream(device_)); }
 
  private:
   int device_;
+  PointwisePlans pointwise_plans_;
 };
 
 }  // namespace

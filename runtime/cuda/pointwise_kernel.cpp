@@ -147,7 +147,7 @@ PointwiseVariant choosePointwiseVariant(const std::vector<Tensor>& inputs, const
 
 void runPointwise(int device, const PointwiseProgram& program, const std::vector<Tensor>& inputs,
                   const std::vector<double>& scalars, const std::vector<Tensor>& outputs,
-                  const std::vector<RandomIndex>& random_in) {
+                  const std::vector<RandomIndex>& random_in, const std::string& program_key) {
   host_span::Scope span("pointwise: checks and parameters");
   std::vector<RandomIndex> random = random_in;
   random.resize(static_cast<size_t>(program.numRandom()));
@@ -203,7 +203,7 @@ void runPointwise(int device, const PointwiseProgram& program, const std::vector
   if (words.size() != pointwiseParamWords(program, variant))
     throw std::logic_error("CUDA pointwise: parameter block size mismatch");
 
-  const std::string key = "pointwise|" + program.key() + "|" + variant.key();
+  const std::string key = "pointwise|" + (program_key.empty() ? program.key() : program_key) + "|" + variant.key();
   KernelFunction kernel = cachedKernel(
       device, key, [&] { return generatePointwiseSource(program, variant, kKernelName); }, kKernelName);
   const int64_t per_thread = pointwiseElementsPerThread(program, variant);

@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <tuple>
 
@@ -346,6 +348,46 @@ TEST(CudaExecutorPointwise, FusedChainWithIntermediateOutputsOfSeveralShapes) {
     TensorView* z = ops::unary(OpType::Gelu, ops::binary(OpType::Add, y, c.fusion.newScalar(DataType::Double, 0.5)));
     c.outputs = {e, z};
     c.check("chain on " + toString(dt));
+  }
+}
+
+// One executor runs a segment again (its pointwise kernels' plans kept from the first run), with a
+// runtime scalar changed, then at other shapes (a stream loop's chunks do that: the plans are made
+// again), then at the first shapes once more; every run against the CPU executor's.
+TEST(CudaExecutorPointwise, ASegmentRunAgainAndAtOtherShapesMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(51);
+  Fusion fusion;
+  TensorView* row = fusion.newTensor(DataType::Float, {1, 300});
+  TensorView* x = fusion.newTensor(DataType::Float, {64, 300});
+  Scalar* shift = fusion.newScalar(DataType::Double, std::nullopt);
+  for (Val* v : std::initializer_list<Val*>{row, x, shift}) fusion.addInput(v);
+  TensorView* e = ops::unary(OpType::Tanh, row);  // [1, n]: a kernel of its own
+  TensorView* z = ops::unary(OpType::Gelu, ops::binary(OpType::Add, ops::binary(OpType::Mul, x, e), shift));
+  Segment seg;
+  seg.kind = Segment::Kind::Pointwise;
+  for (const auto& expr : fusion.exprs()) seg.exprs.push_back(expr.get());
+  seg.inputs = {row, x, shift};
+  seg.outputs = {e, z};
+  auto gpu = makeCudaExecutor(0);
+  const std::vector<std::pair<int64_t, int64_t>> runs = {{64, 300}, {64, 300}, {16, 75}, {64, 300}};
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto [rows, cols] = runs[r];
+    ShapeMap shapes;
+    for (const auto& v : fusion.vals()) {
+      if (!v->isTensor()) continue;
+      const bool one_row = static_cast<TensorView*>(v.get())->shape()[0] == 1;
+      shapes[v.get()] = {one_row ? 1 : rows, cols};
+    }
+    ValueMap cpu_values, gpu_values;
+    cpu_values.tensors[row] = randomTensor({1, cols}, DataType::Float, rng, -3, 3);
+    cpu_values.tensors[x] = randomTensor({rows, cols}, DataType::Float, rng, -3, 3);
+    cpu_values.scalars[shift] = gpu_values.scalars[shift] = 0.25 * static_cast<double>(r);
+    for (TensorView* in : {row, x}) gpu_values.tensors[in] = cpu_values.tensors[in].to(Device::cuda(0));
+    makeCpuExecutor()->run(seg, cpu_values, shapes);
+    ASSERT_NO_THROW(gpu->run(seg, gpu_values, shapes)) << "run " << r;
+    for (TensorView* out : seg.outputs)
+      expectClose(cpu_values.tensor(out), gpu_values.tensor(out), "run " + std::to_string(r) + " " + out->name());
   }
 }
 
