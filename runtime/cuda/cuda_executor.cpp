@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -44,47 +45,64 @@ struct PointwiseKernelPlan {
   std::vector<const Expr*> random;     // the random exprs, in program order
 };
 
-// The kernels of one run of pointwise exprs, valid while the exprs' shapes are `shapes`.
+// The kernels of one run of pointwise exprs.
 struct PointwiseGroupPlan {
-  std::vector<std::vector<int64_t>> shapes;
   std::vector<PointwiseKernelPlan> kernels;
 };
 
-// The pointwise groups' plans of one executor's segments, by (segment, first expr). Building a plan
-// (which exprs are needed later, the slices, the programs and their keys) cost 10-60 us of host time
-// a group on the H100's host, most of a small kernel's launch (BENCHMARKS.md, session 25); the
-// segments live as long as their executor (one per cached host program). A segment also runs with
-// other shapes (a stream loop's chunks), hence the shapes check: a mismatch plans again.
-// MESHFUSE_CUDA_PLAN_CACHE=0 (read at each run, for A/B timing) plans every run, as before.
+// MESHFUSE_CUDA_PLAN_CACHE=0 (read at each run, for A/B timing): no KeptPlans, every run plans.
 bool planCacheEnabled() {
   const char* e = std::getenv("MESHFUSE_CUDA_PLAN_CACHE");
   return e == nullptr || std::string(e) != "0";
 }
 
-class PointwisePlans {
+// What an executor keeps of its segments' runs: a pointwise group's kernel plans (which exprs are
+// needed later, the slices, the programs and their keys), a normalization segment's prepared launch.
+// Making them cost 10-60 us of host time a segment on the H100's host, most of a small kernel's
+// launch (BENCHMARKS.md, session 25). Kept by (segment, ...) key, as long as the executor (one per
+// cached host program, whose segments live as long), and used while the run's signature (shapes,
+// strides) is the one a plan was made for: a segment also runs at other shapes (a stream loop's
+// chunks), and a mismatch plans again.
+template <typename Key, typename Signature, typename Plan>
+class KeptPlans {
  public:
-  std::shared_ptr<const PointwiseGroupPlan> find(const Segment* seg, size_t begin,
-                                                 const std::vector<std::vector<int64_t>>& shapes) const {
+  std::shared_ptr<const Plan> find(const Key& key, const Signature& signature) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = plans_.find({seg, begin});
-    if (it == plans_.end() || it->second->shapes != shapes) return nullptr;
-    return it->second;
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.signature != signature) return nullptr;
+    return it->second.plan;
   }
-  void store(const Segment* seg, size_t begin, std::shared_ptr<const PointwiseGroupPlan> plan) {
+  void store(const Key& key, Signature signature, std::shared_ptr<const Plan> plan) {
     std::lock_guard<std::mutex> lock(mutex_);
-    plans_[{seg, begin}] = std::move(plan);
+    entries_[key] = Entry{std::move(signature), std::move(plan)};
   }
 
  private:
+  struct Entry {
+    Signature signature;
+    std::shared_ptr<const Plan> plan;
+  };
   mutable std::mutex mutex_;
-  std::map<std::pair<const Segment*, size_t>, std::shared_ptr<const PointwiseGroupPlan>> plans_;
+  std::map<Key, Entry> entries_;
+};
+
+// By (segment, first expr of the group), for the exprs' shapes.
+using PointwisePlans =
+    KeptPlans<std::pair<const Segment*, size_t>, std::vector<std::vector<int64_t>>, PointwiseGroupPlan>;
+// By segment, for its input tensors' shapes, strides and alignments and its outputs' shapes; nullopt
+// where the normalization scheduler refused the segment.
+using NormalizationPlans = KeptPlans<const Segment*, std::vector<int64_t>, std::optional<cuda::NormalizationLaunch>>;
+
+struct Kept {
+  PointwisePlans pointwise;
+  NormalizationPlans normalization;
 };
 
 // The tensors of one segment run: the segment's inputs (from the ValueMap) and what it computes.
 class SegmentRun {
  public:
-  SegmentRun(int device, const Segment& seg, ValueMap& values, const ShapeMap& shapes, PointwisePlans& pointwise_plans)
-      : device_(device), seg_(seg), values_(values), shapes_(shapes), pointwise_plans_(pointwise_plans) {
+  SegmentRun(int device, const Segment& seg, ValueMap& values, const ShapeMap& shapes, Kept& kept)
+      : device_(device), seg_(seg), values_(values), shapes_(shapes), kept_(kept) {
     host_span::Scope span("segment: setup");
     outputs_.insert(seg.outputs.begin(), seg.outputs.end());
     findReadThroughCasts();
@@ -199,7 +217,7 @@ class SegmentRun {
   // Exprs [begin, end) are pointwise; the values used after them are computed by one kernel per
   // distinct output shape, each from the backward slice of the chain it needs. The kernels' programs
   // depend on the segment and the exprs' shapes only: built on the group's first run and kept by the
-  // executor (PointwisePlans) for as long as the shapes are those it was built for.
+  // executor (KeptPlans) for as long as the shapes are those it was built for.
   void runPointwiseGroup(size_t begin, size_t end) {
     host_span::Scope span("pointwise: program from the exprs");
     std::vector<std::vector<int64_t>> shapes;
@@ -210,16 +228,15 @@ class SegmentRun {
       computed_shapes_[e->out()] = shapes.back();
     }
     const bool keep = planCacheEnabled();
-    std::shared_ptr<const PointwiseGroupPlan> plan = keep ? pointwise_plans_.find(&seg_, begin, shapes) : nullptr;
+    std::shared_ptr<const PointwiseGroupPlan> plan = keep ? kept_.pointwise.find({&seg_, begin}, shapes) : nullptr;
     if (!plan) {
       auto built = std::make_shared<PointwiseGroupPlan>();
-      built->shapes = std::move(shapes);
       std::map<std::vector<int64_t>, std::vector<const Expr*>> by_shape;
       for (size_t i = begin; i < end; ++i)
-        if (neededLater(seg_.exprs[i]->out(), end)) by_shape[built->shapes[i - begin]].push_back(seg_.exprs[i]);
+        if (neededLater(seg_.exprs[i]->out(), end)) by_shape[shapes[i - begin]].push_back(seg_.exprs[i]);
       for (const auto& [shape, producers] : by_shape) built->kernels.push_back(planKernel(begin, end, producers));
       plan = built;
-      if (keep) pointwise_plans_.store(&seg_, begin, plan);
+      if (keep) kept_.pointwise.store({&seg_, begin}, std::move(shapes), plan);
     }
     for (const PointwiseKernelPlan& kernel : plan->kernels) runPointwiseKernel(kernel);
   }
@@ -305,10 +322,36 @@ class SegmentRun {
       if (it == shapes_.end()) return false;
       outputs.push_back(allocate(out, it->second));
     }
-    for (const Val* v : seg_.inputs)
-      if (v->isTensor()) tensor(v);  // device, dtype and shape checks
-    auto launch = cuda::prepareNormalization(seg_, shapes_, values_, outputs);
-    if (!launch) return false;
+    // What prepareNormalization reads of the run, besides the values it binds (KeptPlans).
+    std::vector<int64_t> signature;
+    for (const Val* v : seg_.inputs) {
+      if (!v->isTensor()) continue;
+      const Tensor& t = tensor(v);  // device, dtype and shape checks
+      signature.push_back(t.dim());
+      signature.insert(signature.end(), t.shape().begin(), t.shape().end());
+      signature.insert(signature.end(), t.strides().begin(), t.strides().end());
+      signature.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data()) % 16));
+    }
+    for (const Tensor& out : outputs) signature.insert(signature.end(), out.shape().begin(), out.shape().end());
+    const bool keep = planCacheEnabled();
+    std::optional<cuda::NormalizationLaunch> launch;
+    if (auto kept = keep ? kept_.normalization.find(&seg_, signature) : nullptr) {
+      if (!*kept) return false;
+      launch = **kept;
+      cuda::rebindNormalization(*launch, values_, outputs);
+    } else {
+      launch = cuda::prepareNormalization(seg_, shapes_, values_, outputs);
+      if (keep) {
+        // Kept without this run's tensors, which it would otherwise hold for the executor's life.
+        auto unbound = std::make_shared<std::optional<cuda::NormalizationLaunch>>(launch);
+        if (*unbound) {
+          for (Tensor& t : (*unbound)->loads) t = Tensor();
+          for (Tensor& t : (*unbound)->stores) t = Tensor();
+        }
+        kept_.normalization.store(&seg_, std::move(signature), std::move(unbound));
+      }
+      if (!launch) return false;
+    }
     cuda::runNormalization(device_, *launch);
     for (size_t i = 0; i < outputs.size(); ++i) values_.tensors[seg_.outputs[i]] = outputs[i];
     return true;
@@ -465,7 +508,7 @@ class SegmentRun {
   const Segment& seg_;
   ValueMap& values_;
   const ShapeMap& shapes_;
-  PointwisePlans& pointwise_plans_;
+  Kept& kept_;
   std::unordered_set<const TensorView*> outputs_;
   std::unordered_map<const Val*, Tensor> local_;
   std::unordered_map<const Val*, std::vector<int64_t>> computed_shapes_;
@@ -477,14 +520,14 @@ class CudaExecutor final : public SegmentExecutor {
   explicit CudaExecutor(int device) : device_(device) {}
   void run(const Segment& seg, ValueMap& values, const ShapeMap& shapes) override {
     cuda::DeviceGuard guard(device_);
-    SegmentRun(device_, seg, values, shapes, pointwise_plans_).execute();
+    SegmentRun(device_, seg, values, shapes, kept_).execute();
   }
   Device device() const override { return Device::cuda(device_); }
   void synchronize() override { cuda::synchronizeStream(device_, cuda::currentStream(device_)); }
 
  private:
   int device_;
-  PointwisePlans pointwise_plans_;
+  Kept kept_;
 };
 
 }  // namespace

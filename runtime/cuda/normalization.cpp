@@ -167,6 +167,7 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
         o.kind = Operand::Kind::Scalar;
         o.index = p.num_scalars++;
         L.scalars.push_back(values.scalar(v));
+        L.scalar_values.push_back(v);
       }
       return home[v] = o;
     }
@@ -181,6 +182,7 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
     o.index = static_cast<int>(p.loads.size());
     p.loads.push_back(port);
     L.loads.push_back(t);
+    L.load_values.push_back(v);
     load_strides.push_back(f);
     return home[v] = o;
   };
@@ -238,6 +240,15 @@ std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, cons
                     "): the column-reduction kernel runs them");
   }
   return L;
+}
+
+void rebindNormalization(NormalizationLaunch& launch, const ValueMap& values, const std::vector<Tensor>& outputs) {
+  if (outputs.size() != launch.stores.size() || launch.load_values.size() != launch.loads.size() ||
+      launch.scalar_values.size() != launch.scalars.size())
+    throw std::logic_error("CUDA normalization: a kept launch rebound to another segment's tensors");
+  for (size_t i = 0; i < launch.loads.size(); ++i) launch.loads[i] = values.tensor(launch.load_values[i]);
+  for (size_t i = 0; i < launch.scalars.size(); ++i) launch.scalars[i] = values.scalar(launch.scalar_values[i]);
+  launch.stores = outputs;
 }
 
 namespace {

@@ -29,6 +29,9 @@ struct NormalizationLaunch {
   // F strides (outer axes, then inner axes) of each port: loads (at least one slot), then stores.
   std::vector<std::vector<int64_t>> strides;
   int64_t rows = 0, row_length = 0;
+  // The segment's values that the loads and the scalars read, in their order: what rebinds a kept
+  // launch to another run's tensors (rebindNormalization).
+  std::vector<const Val*> load_values, scalar_values;
 };
 
 // The launch of `seg` reading `values` (segment inputs, any device) and writing `outputs` (one
@@ -37,6 +40,11 @@ struct NormalizationLaunch {
 std::optional<NormalizationLaunch> prepareNormalization(const Segment& seg, const ShapeMap& shapes,
                                                         const ValueMap& values, const std::vector<Tensor>& outputs,
                                                         std::string* why = nullptr);
+
+// `launch`, prepared for an earlier run of the same segment whose inputs had the shapes, strides,
+// dtypes and 16-byte alignments of this run's (and outputs of the same shapes), bound to this run's
+// inputs and scalars (`values`) and `outputs`: what prepareNormalization would return for them.
+void rebindNormalization(NormalizationLaunch& launch, const ValueMap& values, const std::vector<Tensor>& outputs);
 
 NormalizationVariant chooseNormalizationVariant(const NormalizationLaunch& launch);
 // The same with thread-block clusters allowed or not for rows one block cannot hold (by default

@@ -342,6 +342,35 @@ struct NormSegment {
   }
 };
 
+// A launch prepared for one run, kept without its tensors and bound to another run's (the CUDA
+// executor's KeptPlans), is the launch prepared for that run: the same program, strides, shape and
+// scalars, reading and writing the new tensors.
+TEST(NormalizationCodegen, AKeptLaunchReboundIsTheLaunchPreparedForTheNewTensors) {
+  for (testing_norms::Norm norm : testing_norms::kAllNorms) {
+    NormSegment first(norm, DataType::BFloat16, 48, 1024), second(norm, DataType::BFloat16, 48, 1024);
+    // The second run's tensors, under the first segment's values (the same segment run again).
+    ValueMap values;
+    for (size_t i = 0; i < first.seg.inputs.size(); ++i)
+      values.tensors[first.seg.inputs[i]] = second.values.tensor(second.seg.inputs[i]);
+    auto kept = cuda::prepareNormalization(first.seg, first.shapes, first.values, first.outputs);
+    auto fresh = cuda::prepareNormalization(first.seg, first.shapes, values, second.outputs);
+    ASSERT_TRUE(kept.has_value() && fresh.has_value()) << testing_norms::toString(norm);
+    for (Tensor& t : kept->loads) t = Tensor();
+    for (Tensor& t : kept->stores) t = Tensor();
+    cuda::rebindNormalization(*kept, values, second.outputs);
+    EXPECT_EQ(kept->program.key(), fresh->program.key());
+    EXPECT_EQ(kept->strides, fresh->strides);
+    EXPECT_EQ(kept->scalars, fresh->scalars);
+    EXPECT_EQ(kept->rows, fresh->rows);
+    ASSERT_EQ(kept->loads.size(), fresh->loads.size());
+    ASSERT_FALSE(kept->loads.empty());
+    for (size_t i = 0; i < kept->loads.size(); ++i) EXPECT_EQ(kept->loads[i].data(), fresh->loads[i].data());
+    ASSERT_EQ(kept->stores.size(), second.outputs.size());
+    for (size_t i = 0; i < kept->stores.size(); ++i) EXPECT_EQ(kept->stores[i].data(), second.outputs[i].data());
+    EXPECT_NE(kept->loads.front().data(), first.values.tensor(first.seg.inputs.front()).data());
+  }
+}
+
 // The bf16 bias gradient (cast, sum over the rows, cast back): at the transformer's widest rows
 // (3 and 4 x 12288 columns) the fused kernel cannot hold the row, so the scheduler refuses the
 // segment (naming why) and the CUDA executor runs it as a pointwise kernel and the column

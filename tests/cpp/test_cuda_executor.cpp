@@ -510,6 +510,51 @@ TEST(CudaExecutorNormalization, EveryNormMatchesTheCpuAtEveryRowLengthAndDtype) 
   }
 }
 
+// One executor runs a normalization segment again (its prepared launch kept from the first run and
+// bound to the new tensors), with its first input transposed in memory (other strides: prepared
+// again), and as first once more; every run against the CPU executor's.
+TEST(CudaExecutorNormalization, ASegmentRunAgainAndWithOtherStridesMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(61);
+  for (testing_norms::Norm norm : {testing_norms::Norm::LayerNorm, testing_norms::Norm::LayerNormBackward}) {
+    Fusion fusion;
+    std::vector<TensorView*> inputs;
+    Segment seg;
+    seg.kind = Segment::Kind::Normalization;
+    seg.outputs = testing_norms::defineNorm(norm, fusion, DataType::Float, 64, 300,
+                                            [&](DataType d, std::vector<int64_t> shape, double, double) {
+                                              TensorView* tv = fusion.newTensor(d, std::move(shape));
+                                              fusion.addInput(tv);
+                                              inputs.push_back(tv);
+                                              return tv;
+                                            });
+    for (const auto& e : fusion.exprs()) seg.exprs.push_back(e.get());
+    seg.inputs.assign(inputs.begin(), inputs.end());
+    ShapeMap shapes;
+    for (const auto& v : fusion.vals())
+      if (v->isTensor()) shapes[v.get()] = static_cast<TensorView*>(v.get())->shape();
+    auto gpu = makeCudaExecutor(0);
+    for (int run = 0; run < 4; ++run) {
+      const std::string what = testing_norms::toString(norm) + " run " + std::to_string(run);
+      ValueMap cpu_values, gpu_values;
+      for (TensorView* in : inputs) {
+        Tensor t = randomTensor(in->shape(), in->dtype(), rng, -2, 2);
+        cpu_values.tensors[in] = t;
+        Tensor d = t.to(Device::cuda(0));
+        if (run == 2 && in == inputs.front() && t.dim() == 2) {
+          Tensor transposed = Tensor::empty({t.size(1), t.size(0)}, t.dtype(), Device::cuda(0));
+          transposed.permute({1, 0}).copyFrom(d);
+          d = transposed.permute({1, 0});
+        }
+        gpu_values.tensors[in] = d;
+      }
+      makeCpuExecutor()->run(seg, cpu_values, shapes);
+      ASSERT_NO_THROW(gpu->run(seg, gpu_values, shapes)) << what;
+      for (TensorView* out : seg.outputs) expectClose(cpu_values.tensor(out), gpu_values.tensor(out), what, true);
+    }
+  }
+}
+
 // Shapes that reach the kernels' other paths: many rows per block (each block walks several row
 // groups, so the alternating reduction buffers are reused between them), and rows of 12288 in
 // fp32, where the backward's per-element inputs no longer fit the registers and the streaming
