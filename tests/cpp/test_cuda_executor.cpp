@@ -27,6 +27,7 @@
 #include "runtime/element.h"
 #include "runtime/segment.h"
 #include "runtime/view_ops.h"
+#include "scoped_env.h"
 
 namespace meshfuse {
 namespace {
@@ -356,6 +357,7 @@ TEST(CudaExecutorPointwise, FusedChainWithIntermediateOutputsOfSeveralShapes) {
 // again), then at the first shapes once more; every run against the CPU executor's.
 TEST(CudaExecutorPointwise, ASegmentRunAgainAndAtOtherShapesMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
+  testing::ScopedEnv keep("MESHFUSE_CUDA_PLAN_CACHE", "1");  // the kept plans (off by default)
   std::mt19937 rng(51);
   Fusion fusion;
   TensorView* row = fusion.newTensor(DataType::Float, {1, 300});
@@ -515,6 +517,7 @@ TEST(CudaExecutorNormalization, EveryNormMatchesTheCpuAtEveryRowLengthAndDtype) 
 // again), and as first once more; every run against the CPU executor's.
 TEST(CudaExecutorNormalization, ASegmentRunAgainAndWithOtherStridesMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
+  testing::ScopedEnv keep("MESHFUSE_CUDA_PLAN_CACHE", "1");  // the kept plans (off by default)
   std::mt19937 rng(61);
   for (testing_norms::Norm norm : {testing_norms::Norm::LayerNorm, testing_norms::Norm::LayerNormBackward}) {
     Fusion fusion;
