@@ -464,9 +464,11 @@ class FusionDefinition:
 
     def _fast_plan(self):
         """Per input, what a plain array needs to take the fast path: (numpy dtype or None, rank,
-        DataType) for a tensor without a mesh, "scalar" for a scalar, None for an input the general
-        checks must see. Built once: reading TensorView properties through pybind11 on every execute
-        cost more than the execution of a small cached fusion."""
+        DataType, whether any strides do) for a tensor without a mesh, "scalar" for a scalar, None for
+        an input the general checks must see. Any strides do where the definition marks no axis
+        contiguous (the default): then a strided view (the layer's attention output, a transpose)
+        takes the fast path too. Built once: reading TensorView properties through pybind11 on every
+        execute cost more than the execution of a small cached fusion."""
         if getattr(self, "_plan", None) is None:
             numpy_of = {dt: npd for npd, dt in _arrays.NUMPY_DTYPES.items()}
             # numpy < 2 cannot put bool in DLPack (the general path then passes its bytes as uint8).
@@ -477,7 +479,8 @@ class FusionDefinition:
                 if not v.is_tensor:
                     plan.append("scalar")
                     continue
-                plan.append((numpy_of.get(v.dtype), v.ndim, v.dtype) if v.device_mesh is None else None)
+                any_strides = not any(v.contiguity)
+                plan.append((numpy_of.get(v.dtype), v.ndim, v.dtype, any_strides) if v.device_mesh is None else None)
             bf16_out = any(o.dtype == DataType.BFloat16 for o in self._fusion.outputs())
             self._plan = (plan, bf16_out)
         return self._plan
@@ -485,21 +488,26 @@ class FusionDefinition:
     @staticmethod
     def _fast_argument(expected, x, torch_dtypes):
         """(C++ argument, whether x is a torch tensor) for an input that needs no checks beyond the
-        plan's (a C-contiguous numpy array or torch tensor of the defined dtype and rank, a number),
-        else None."""
+        plan's (a numpy array or torch tensor of the defined dtype and rank, C-contiguous unless any
+        strides do; a number), else None: the general path then checks it and names what is wrong,
+        an export DLPack refuses among it."""
         if expected is None:
             return None
         if expected == "scalar":
             return (float(x), False) if type(x) is float or type(x) is int else None
-        np_dtype, ndim, dtype = expected
-        if type(x) is np.ndarray:
-            if np_dtype is None or x.dtype != np_dtype or x.ndim != ndim or not x.flags.c_contiguous \
-                    or not x.flags.writeable:
-                return None
-            return _C.Tensor.from_dlpack(x.__dlpack__()), False
-        if torch_dtypes and torch_dtypes.get(getattr(x, "dtype", None)) == dtype and type(x).__module__ == "torch" \
-                and x.dim() == ndim and x.is_contiguous() and not x.requires_grad:
-            return _C.Tensor.from_dlpack(_arrays.torch_dlpack_fast(x)), True
+        np_dtype, ndim, dtype, any_strides = expected
+        try:
+            if type(x) is np.ndarray:
+                if np_dtype is None or x.dtype != np_dtype or x.ndim != ndim or not x.flags.writeable \
+                        or not (any_strides or x.flags.c_contiguous):
+                    return None
+                return _C.Tensor.from_dlpack(x.__dlpack__()), False
+            if torch_dtypes and torch_dtypes.get(getattr(x, "dtype", None)) == dtype \
+                    and type(x).__module__ == "torch" and x.dim() == ndim and not x.requires_grad \
+                    and (any_strides or x.is_contiguous()):
+                return _C.Tensor.from_dlpack(_arrays.torch_dlpack_fast(x)), True
+        except (TypeError, ValueError, BufferError):
+            return None
         return None
 
     def _arguments(self, inputs):

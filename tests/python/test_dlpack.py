@@ -239,9 +239,9 @@ def test_torch_fast_path_matches_and_rejects_what_it_cannot_take(device):
     with pytest.raises(TypeError, match="expected dtype Float"):
         fd.execute([x.double(), y])
     view = torch.randn(24, 16, device=device).t()
-    assert fast_inputs(fd, [view, y]) == [False, True]
+    assert fast_inputs(fd, [view, y]) == [True, True]  # the definition promises no layout: any strides do
     assert fast_inputs(fd, [x.requires_grad_(True), y]) == [False, True]
-    out, _ = fd.execute([view, y])  # the view alone takes the general path
+    out, _ = fd.execute([view, y])
     torch.testing.assert_close(out, view + y.float(), rtol=1e-6, atol=1e-6)
 
 
@@ -270,23 +270,30 @@ def test_torch_inputs_on_a_side_stream_are_ordered():
 
 
 def test_numpy_inputs_take_the_fast_path_one_by_one(rng):
-    """Each input takes the fast path where it can: a strided view among contiguous arrays (or a
-    bool mask under numpy < 2) is checked alone, the result is the same, and a bad input among
-    fast ones is still an error naming it."""
+    """Each input takes the fast path where it can: a strided view where the definition promises
+    contiguity (or a bool mask under numpy < 2) is checked alone, the result is the same, and a bad
+    input among fast ones is still an error naming it. A strided view (a transpose, a reversed view)
+    of an input without that promise (the default) takes the fast path."""
     with FusionDefinition() as fd:
         a = fd.define_tensor([-1, -1])
         keep = fd.define_tensor([-1, -1], DataType.Bool)
         b = fd.define_tensor([-1, -1])
         s = fd.define_scalar(dtype=DataType.Double)
-        fd.add_output(fd.ops.where(keep, fd.ops.add(a, fd.ops.mul(b, s)), fd.ops.neg(a)))
+        c = fd.define_tensor([-1, -1], contiguity=True)
+        fd.add_output(fd.ops.where(keep, fd.ops.add(a, fd.ops.mul(b, s)), fd.ops.sub(c, a)))
     x = rng.standard_normal((5, 7)).astype(np.float32)
     mask = rng.random((5, 7)) < 0.5
-    view = rng.standard_normal((7, 5)).astype(np.float32).T  # strided: the general path
-    expected = [True, _arrays.exports_bool(np), False, True]
-    assert fast_inputs(fd, [x, mask, view, 1.5]) == expected
-    (out,) = fd.execute([x, mask, view, 1.5])
-    np.testing.assert_allclose(out, np.where(mask, x + view * 1.5, -x), rtol=1e-6, atol=1e-6)
+    view = rng.standard_normal((7, 5)).astype(np.float32).T
+    dense = rng.standard_normal((5, 7)).astype(np.float32)
+    assert fast_inputs(fd, [x, mask, view, 1.5, dense]) == [True, _arrays.exports_bool(np), True, True, True]
+    assert fast_inputs(fd, [view, mask, x[::-1], 1.5, view]) == [True, _arrays.exports_bool(np), True, True, False]
+    (out,) = fd.execute([x, mask, view, 1.5, dense])
+    np.testing.assert_allclose(out, np.where(mask, x + view * 1.5, dense - x), rtol=1e-6, atol=1e-6)
+    (out,) = fd.execute([view, mask, x[::-1], 1.5, dense])
+    np.testing.assert_allclose(out, np.where(mask, view + x[::-1] * 1.5, dense - view), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="contiguous"):
+        fd.execute([x, mask, view, 1.5, view])  # c promised contiguity: the general path names it
     with pytest.raises(TypeError, match="expected dtype Float, got Double"):
-        fd.execute([x, mask, np.ascontiguousarray(view, dtype=np.float64), 1.5])
-    with pytest.raises(ValueError, match="expected 4 inputs"):
+        fd.execute([x, mask, np.ascontiguousarray(view, dtype=np.float64), 1.5, dense])
+    with pytest.raises(ValueError, match="expected 5 inputs"):
         fd.execute([x, mask, view])
