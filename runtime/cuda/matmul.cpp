@@ -357,9 +357,11 @@ bool gemmWithEpilogue(int device, const GemmProblem& p, const void* a, const voi
   // (Tuning a GELU-aux plan writes aux, which the call writes anyway; a DGELU plan only reads it.)
   if (!plan->tuned && tuneCandidates() > 0 && flops >= kTuneMinFlops)
     tune(*plan, key.str(), handle, stream, alpha, beta, a, b, c, workspace);
-  host_span::Scope call_span("cublasLtMatmul");
-  MESHFUSE_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha, b, plan->a, a, plan->b, beta, c, plan->c, c, plan->c,
-                                       &plan->algo, workspace, kWorkspaceBytes, stream));
+  {
+    host_span::Scope call_span("cublasLtMatmul");
+    MESHFUSE_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha, b, plan->a, a, plan->b, beta, c, plan->c, c,
+                                         plan->c, &plan->algo, workspace, kWorkspaceBytes, stream));
+  }
   if (e.bias && !plan->fusedBias()) addBiasInPlace(device, p.dtype, c, p.batch * p.m, p.n, e.bias);
   if (activation) ++g_activation_epilogue_runs;
   return true;
