@@ -12,7 +12,6 @@ and, of it, the inputs' checks and DLPack imports, the C++ execute and the host 
 and the outputs' exports (bf16 torch tensors on CUDA, float32 numpy arrays on the CPU).
 """
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -20,7 +19,7 @@ import time
 import numpy as np
 
 from meshfuse import DataType, FusionDefinition, _arrays
-from timing import best_time
+from timing import best_time, host_trace_summary
 
 
 def best_of(fn, iters):
@@ -73,9 +72,7 @@ def transformer_passes(iters, device):
             best = None
             for _ in range(5):  # the fastest of five traced calls
                 fd.execute(inputs, trace=trace, trace_host=True)
-                with open(trace) as f:
-                    events = json.load(f)["traceEvents"]
-                us = sum(e["dur"] for e in events if e.get("name") == "host program")
+                us = host_trace_summary(trace)[0] * 1e3
                 best = us if best is None else min(best, us)
         # (Traced: each span adds its own cost, so this can exceed the untraced C++ execute above.)
         rows.setdefault("the host program alone, traced (trace_host=True)", []).append(best)

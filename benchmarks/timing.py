@@ -1,6 +1,7 @@
 """What the Python benchmarks share: the best of several timed repeats, the mean of back-to-back
 calls by CUDA events (GPU), a scoped environment variable (the settings meshfuse reads at each
-execute), and a kernel profile under torch.profiler (GPU)."""
+execute), a kernel profile under torch.profiler (GPU), and the reading of a meshfuse trace file
+(its events; a host trace's program, segments and steps)."""
 
 import contextlib
 import os
@@ -138,3 +139,48 @@ def host_device_split(label, fn, sync, iters=5):
         clock = f", SM clock now {torch.cuda.clock_rate()} MHz"
     print(f"#   {label} host/device split: host launch {statistics.median(host):.2f} ms, device events "
           f"{statistics.median(dev):.2f} ms, wall {statistics.median(wall):.2f} ms{clock}")
+
+
+def trace_events(path):
+    """The events of a meshfuse trace file (a {"traceEvents": [...]} object or a bare list)."""
+    import json
+    with open(path) as f:
+        events = json.load(f)
+    return events.get("traceEvents", events) if isinstance(events, dict) else events
+
+
+def host_trace_summary(path, pid=0, top=6):
+    """From a trace written with trace_host=True (each segment's span: the host's time to launch it):
+    (the host program's ms, ms per segment kind, the `top` slowest segments as (ms, name), and the
+    executor's own steps inside the segments (category "host detail", runtime/host_span.h) as
+    (self ms, name, count), most first: a step's time less that of the steps inside it)."""
+    program, kinds, segments, details = 0.0, {}, [], []
+    for ev in trace_events(path):
+        if ev.get("ph") != "X" or ev.get("pid") != pid:
+            continue
+        if ev.get("cat") == "host detail":
+            details.append(ev)
+        if ev.get("cat") != "host":
+            continue
+        ms = ev["dur"] / 1e3
+        if ev["name"] == "host program":
+            program += ms
+            continue
+        kind = ev["name"].split()[0]
+        kinds[kind] = kinds.get(kind, 0.0) + ms
+        segments.append((ms, ev["name"]))
+    return program, kinds, sorted(segments, reverse=True)[:top], detail_self_times(details)
+
+
+def detail_self_times(events):
+    """[(self ms, name, count)] of nested spans (one thread's): each span's time less its children's."""
+    self_us, counts, stack = {}, {}, []
+    for ev in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        while stack and stack[-1]["ts"] + stack[-1]["dur"] <= ev["ts"]:
+            stack.pop()
+        if stack:
+            self_us[stack[-1]["name"]] -= ev["dur"]
+        self_us[ev["name"]] = self_us.get(ev["name"], 0.0) + ev["dur"]
+        counts[ev["name"]] = counts.get(ev["name"], 0) + 1
+        stack.append(ev)
+    return sorted(((us / 1e3, name, counts[name]) for name, us in self_us.items()), reverse=True)

@@ -11,6 +11,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -95,13 +96,26 @@ struct Case {
   bool fold_epilogue = false;
   // After check(): the CUDA executor's outputs, copied to the host (for tests that compare two runs).
   std::vector<Tensor> gpu_results;
+  // The CUDA executor, made on the first check() and kept: a Case checked again (after redraw())
+  // runs its segment on the same executor, as a cached program's segments run.
+  std::unique_ptr<SegmentExecutor> gpu;
+  std::vector<std::pair<double, double>> ranges;  // each input's [lo, hi)
 
   TensorView* input(DataType dtype, const std::vector<int64_t>& shape, std::mt19937& rng, double lo = -3,
                     double hi = 3) {
     TensorView* tv = fusion.newTensor(dtype, shape);
     fusion.addInput(tv);
     inputs.push_back({tv, randomTensor(shape, dtype, rng, lo, hi)});
+    ranges.emplace_back(lo, hi);
     return tv;
+  }
+
+  // New random values for every input, each in its range.
+  void redraw(std::mt19937& rng) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Tensor& t = inputs[i].second;
+      t = randomTensor(t.shape(), t.dtype(), rng, ranges[i].first, ranges[i].second);
+    }
   }
 
   void check(const std::string& what, bool loose = false) {
@@ -128,7 +142,7 @@ struct Case {
     }
     for (const auto& [v, s] : scalars) cpu_values.scalars[v] = gpu_values.scalars[v] = s;
     makeCpuExecutor()->run(seg, cpu_values, shapes);
-    auto gpu = makeCudaExecutor(0);
+    if (!gpu) gpu = makeCudaExecutor(0);
     ASSERT_NO_THROW(gpu->run(seg, gpu_values, shapes)) << what;
     for (TensorView* out : outputs) {
       expectClose(cpu_values.tensor(out), gpu_values.tensor(out), what + " " + out->name(), loose);
@@ -513,47 +527,31 @@ TEST(CudaExecutorNormalization, EveryNormMatchesTheCpuAtEveryRowLengthAndDtype) 
 }
 
 // One executor runs a normalization segment again (its prepared launch kept from the first run and
-// bound to the new tensors), with its first input transposed in memory (other strides: prepared
-// again), and as first once more; every run against the CPU executor's.
+// bound to the new tensors), with its 2-D inputs transposed in memory (other strides: prepared
+// again), and as first once more; every run on new random inputs, against the CPU executor's.
 TEST(CudaExecutorNormalization, ASegmentRunAgainAndWithOtherStridesMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   testing::ScopedEnv keep("MESHFUSE_CUDA_PLAN_CACHE", "1");  // the kept plans (off by default)
   std::mt19937 rng(61);
   for (testing_norms::Norm norm : {testing_norms::Norm::LayerNorm, testing_norms::Norm::LayerNormBackward}) {
-    Fusion fusion;
-    std::vector<TensorView*> inputs;
-    Segment seg;
-    seg.kind = Segment::Kind::Normalization;
-    seg.outputs = testing_norms::defineNorm(norm, fusion, DataType::Float, 64, 300,
-                                            [&](DataType d, std::vector<int64_t> shape, double, double) {
-                                              TensorView* tv = fusion.newTensor(d, std::move(shape));
-                                              fusion.addInput(tv);
-                                              inputs.push_back(tv);
-                                              return tv;
-                                            });
-    for (const auto& e : fusion.exprs()) seg.exprs.push_back(e.get());
-    seg.inputs.assign(inputs.begin(), inputs.end());
-    ShapeMap shapes;
-    for (const auto& v : fusion.vals())
-      if (v->isTensor()) shapes[v.get()] = static_cast<TensorView*>(v.get())->shape();
-    auto gpu = makeCudaExecutor(0);
+    Case c;
+    c.kind = Segment::Kind::Normalization;
+    c.outputs = testing_norms::defineNorm(norm, c.fusion, DataType::Float, 64, 300,
+                                          [&](DataType d, std::vector<int64_t> shape, double lo, double hi) {
+                                            return c.input(d, std::move(shape), rng, lo, hi);
+                                          });
+    const auto dense = c.to_device;
+    const auto transposed = [](const Tensor& t) {
+      Tensor d = t.to(Device::cuda(0));
+      if (t.dim() != 2) return d;
+      Tensor buffer = Tensor::empty({t.size(1), t.size(0)}, t.dtype(), Device::cuda(0));
+      buffer.permute({1, 0}).copyFrom(d);
+      return buffer.permute({1, 0});
+    };
     for (int run = 0; run < 4; ++run) {
-      const std::string what = testing_norms::toString(norm) + " run " + std::to_string(run);
-      ValueMap cpu_values, gpu_values;
-      for (TensorView* in : inputs) {
-        Tensor t = randomTensor(in->shape(), in->dtype(), rng, -2, 2);
-        cpu_values.tensors[in] = t;
-        Tensor d = t.to(Device::cuda(0));
-        if (run == 2 && in == inputs.front() && t.dim() == 2) {
-          Tensor transposed = Tensor::empty({t.size(1), t.size(0)}, t.dtype(), Device::cuda(0));
-          transposed.permute({1, 0}).copyFrom(d);
-          d = transposed.permute({1, 0});
-        }
-        gpu_values.tensors[in] = d;
-      }
-      makeCpuExecutor()->run(seg, cpu_values, shapes);
-      ASSERT_NO_THROW(gpu->run(seg, gpu_values, shapes)) << what;
-      for (TensorView* out : seg.outputs) expectClose(cpu_values.tensor(out), gpu_values.tensor(out), what, true);
+      if (run > 0) c.redraw(rng);
+      c.to_device = run == 2 ? std::function<Tensor(const Tensor&)>(transposed) : dense;
+      c.check(testing_norms::toString(norm) + " run " + std::to_string(run), /*loose=*/true);
     }
   }
 }
