@@ -81,4 +81,25 @@ std::string HostIrContainer::toString() const {
   return os.str();
 }
 
+void removeEmptySegments(HostIrContainer& hic) {
+  std::vector<int> renumbered(hic.segments.size(), -1);
+  std::vector<Segment> kept;
+  for (size_t i = 0; i < hic.segments.size(); ++i) {
+    if (hic.segments[i].exprs.empty()) continue;
+    renumbered[i] = static_cast<int>(kept.size());
+    kept.push_back(std::move(hic.segments[i]));
+  }
+  hic.segments = std::move(kept);
+  std::vector<Instruction> program;
+  for (Instruction ins : hic.program) {
+    if (ins.kind == Instruction::Kind::LaunchSegment) {
+      if (renumbered[static_cast<size_t>(ins.index)] < 0) continue;
+      ins.index = renumbered[static_cast<size_t>(ins.index)];
+    }
+    program.push_back(ins);
+  }
+  hic.program = std::move(program);
+  for (StreamLoop& loop : hic.loops) loop.segment = renumbered[static_cast<size_t>(loop.segment)];
+}
+
 }  // namespace meshfuse

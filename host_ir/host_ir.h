@@ -75,4 +75,8 @@ class HostIrContainer {
   std::string toString() const;
 };
 
+// Drops the segments left without exprs, renumbering the instructions and stream loops that name
+// segments (passes that move exprs between segments end with it).
+void removeEmptySegments(HostIrContainer& hic);
+
 }  // namespace meshfuse

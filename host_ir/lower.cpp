@@ -7,6 +7,7 @@
 
 #include "host_ir/cast_forwarding.h"
 #include "host_ir/matmul_epilogue.h"
+#include "host_ir/view_merging.h"
 #include "host_ir/wait_placement.h"
 #include "multidevice/axis_map.h"
 #include "multidevice/communicator.h"
@@ -103,6 +104,7 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
   finishSegments(fusion);
   recordRandomBlocks(shapes);
   placeWaits(*hic_);
+  mergeAdjacentViews(fusion, *hic_);
   return std::move(hic_);
 }
 

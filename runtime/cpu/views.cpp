@@ -1,6 +1,7 @@
 // View segments: permute, broadcast_in_dim and slice never copy (they restride the input);
 // reshape is a view of a contiguous input and a copy of any other; cat copies unless its parts lie end
 // to end in one storage (view_ops.h); stride_order copies.
+#include <algorithm>
 #include <stdexcept>
 
 #include "ops/shape_inference.h"
@@ -9,8 +10,9 @@
 
 namespace meshfuse::cpu {
 
-void runView(const Segment& seg, ValueMap& values, const ShapeMap& shapes) {
-  const Expr& e = soleExpr(seg);
+namespace {
+
+void runOneView(const Segment& seg, const Expr& e, ValueMap& values, const ShapeMap& shapes) {
   const Tensor& x = inputTensor(values, shapes, e.input(0));
   const std::vector<int64_t>& out_shape = shapeOf(shapes, e.out());
   const std::string what = toString(e.op()) + "(" + e.input(0)->name() + ")";
@@ -41,6 +43,18 @@ void runView(const Segment& seg, ValueMap& values, const ShapeMap& shapes) {
     throw std::logic_error("CPU view: " + what + " gives shape " + shapeToString(result.shape()) + ", expected " +
                            shapeToString(out_shape));
   values.tensors[e.out()] = std::move(result);
+}
+
+}  // namespace
+
+// A view segment holds one view or a run of them (host_ir/view_merging.h): each binds its result,
+// and the results only later views of the run read are dropped afterwards.
+void runView(const Segment& seg, ValueMap& values, const ShapeMap& shapes) {
+  for (const Expr* e : seg.exprs) runOneView(seg, *e, values, shapes);
+  if (seg.exprs.size() == 1) return;
+  for (const Expr* e : seg.exprs)
+    if (std::find(seg.outputs.begin(), seg.outputs.end(), e->out()) == seg.outputs.end())
+      values.tensors.erase(e->out());
 }
 
 }  // namespace meshfuse::cpu

@@ -263,8 +263,8 @@ def test_fused_chain_with_two_outputs(rng):
 
 def test_broadcasts_between_pointwise_ops_stay_one_pointwise_segment(rng):
     """(x - mean) * rstd * w + b with the row statistics and weights broadcast between the pointwise
-    ops (a LayerNorm's recomputation in a backward): the broadcasts are launched first and the four
-    pointwise ops are one segment."""
+    ops (a LayerNorm's recomputation in a backward): the broadcasts are launched first, as one view
+    segment, and the four pointwise ops are one segment."""
     x = random_array(rng, (6, 40), np.float32)
     mean, rstd = random_array(rng, (6,), np.float32), random_array(rng, (6,), np.float32)
     w, b = random_array(rng, (40,), np.float32), random_array(rng, (40,), np.float32)
@@ -278,7 +278,40 @@ def test_broadcasts_between_pointwise_ops_stay_one_pointwise_segment(rng):
     x64 = x.astype(np.float64)
     expected = (x64 - mean[:, None]) * rstd[:, None] * w + b
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-    assert launches(fd) == ["view"] * 4 + ["pointwise"], fd.host_ir()
+    assert launches(fd) == ["view", "pointwise"], fd.host_ir()
+
+
+def test_views_launched_one_after_another_run_as_one_segment(rng):
+    """The heads split of attention's input (reshape, three slices, their permutes) and a broadcast,
+    launched one after another, are one view segment (host_ir/view_merging.h) whose outputs are the
+    values read outside it: the permuted heads and the broadcast, not the reshape and slices only
+    its own views read. The matmul between two runs keeps them apart. Results against numpy."""
+    qkv = random_array(rng, (2, 5, 3 * 8), np.float32)
+    bias = random_array(rng, (8,), np.float32)
+    w = random_array(rng, (8, 8), np.float32)
+    with FusionDefinition() as fd:
+        tqkv = fd.define_tensor([2, 5, 24], DataType.Float)
+        tb, tw = fd.define_tensor([8], DataType.Float), fd.define_tensor([8, 8], DataType.Float)
+        heads = fd.ops.reshape(tqkv, [2, 5, 2, 12])
+        q, k, v = (fd.ops.permute(fd.ops.slice(heads, [0, 0, 0, 4 * i], [2, 5, 2, 4 * i + 4]), [0, 2, 1, 3])
+                   for i in range(3))
+        qk = fd.ops.add(fd.ops.mul(q, k), v)  # [2, 2, 5, 4]
+        merged = fd.ops.reshape(fd.ops.permute(qk, [0, 2, 1, 3]), [10, 8])
+        projected = fd.ops.matmul(merged, tw)
+        out = fd.ops.add(fd.ops.reshape(projected, [2, 5, 8]), fd.ops.broadcast_in_dim(tb, [2, 5, 8], [2]))
+        fd.add_output(out)
+    (got,) = fd.execute([qkv, bias, w])
+    h = qkv.astype(np.float64).reshape(2, 5, 2, 12)
+    q, k, v = (h[..., 4 * i:4 * i + 4].transpose(0, 2, 1, 3) for i in range(3))
+    expected = ((q * k + v).transpose(0, 2, 1, 3).reshape(10, 8) @ w).reshape(2, 5, 8) + bias
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    ir = fd.host_ir()
+    assert launches(fd) == ["view", "pointwise", "view", "matmul", "view", "pointwise"], ir
+    split = next(line for line in ir.splitlines() if "=slice" in line)
+    assert split.count("=slice") == 3 and split.count("=permute") == 3 and "=reshape" in split, split
+    assert split.split("->")[1].split(")")[0].count("T") == 3, f"only q, k, v leave the segment: {split}"
+    last_views = [line for line in ir.splitlines() if "LaunchSegment view" in line][-1]
+    assert "=reshape" in last_views and "=broadcast_in_dim" in last_views, last_views
 
 
 def test_broadcast_of_a_value_the_open_segment_computes_is_not_launched_ahead(rng):
