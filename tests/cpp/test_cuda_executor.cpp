@@ -1114,6 +1114,38 @@ TEST(CudaRuntime, CopiesRoundTripAndMemoryIsReturned) {
   EXPECT_EQ(cuda::bytesInUse(0), before) << "every device tensor's memory goes back to the pool";
 }
 
+TEST(CudaRuntime, TheBlockCacheHandsAFreedBlockBackOnItsStreamOnly) {
+  SKIP_WITHOUT_GPU();
+  testing::ScopedEnv on("MESHFUSE_CUDA_BLOCK_CACHE", "1");
+  const int64_t before = cuda::bytesInUse(0);
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({1000, 3}, DataType::Float, Device::cuda(0));
+    first = t.data();
+  }
+  EXPECT_EQ(cuda::bytesInUse(0), before) << "a cached block is not in use";
+  {
+    Tensor same = Tensor::empty({3000}, DataType::Float, Device::cuda(0));
+    EXPECT_EQ(same.data(), first) << "the same size on the same stream takes the freed block";
+  }
+  {  // freed again above, it waits for the default stream: another stream never takes it
+    cuda::CurrentStreamGuard guard(0, cuda::poolStream(0, 2));
+    Tensor elsewhere = Tensor::empty({3000}, DataType::Float, Device::cuda(0));
+    EXPECT_NE(elsewhere.data(), first);
+  }
+  // Results with the cache on, the same segment run many times (its blocks come back each run).
+  std::mt19937 rng(14);
+  Case c;
+  TensorView* x = c.input(DataType::Float, {4099}, rng);
+  c.outputs = {ops::unary(OpType::Exp, ops::unary(OpType::Neg, x)), ops::unary(OpType::Sigmoid, x)};
+  for (int i = 0; i < 4; ++i) {
+    c.redraw(rng);
+    c.check("run " + std::to_string(i));
+  }
+  cuda::synchronizeDevice(0);
+  EXPECT_EQ(cuda::bytesInUse(0), before);
+}
+
 TEST(CudaExecutorErrors, HostInputIsRejectedByName) {
   SKIP_WITHOUT_GPU();
   Fusion f;
