@@ -76,6 +76,18 @@ bool readOutsideItsSegments(const Fusion& fusion, const TensorView* value, const
   return false;
 }
 
+void collectInputsAndOutputs(const Fusion& fusion, Segment& seg,
+                             const std::unordered_map<const Expr*, std::vector<int>>& segments_of,
+                             const std::vector<Segment>& segments) {
+  seg.inputs = inputsOf(seg.exprs);
+  seg.outputs.clear();
+  for (const Expr* e : seg.exprs)
+    for (Val* v : e->outputs()) {  // every result of a multi-output expr (attention)
+      auto* out = static_cast<TensorView*>(v);
+      if (readOutsideItsSegments(fusion, out, seg, segments_of, segments)) seg.outputs.push_back(out);
+    }
+}
+
 void forwardWideningCasts(const Fusion& fusion, HostIrContainer& hic) {
   bool emptied = false;
   for (size_t owner = 0; owner < hic.segments.size(); ++owner) {

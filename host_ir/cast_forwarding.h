@@ -24,6 +24,11 @@ bool readOutsideItsSegments(const Fusion& fusion, const TensorView* value, const
                             const std::unordered_map<const Expr*, std::vector<int>>& segments_of,
                             const std::vector<Segment>& segments);
 
+// Sets `seg`'s inputs (inputsOf its exprs) and outputs (its exprs' results read outside it, as above).
+void collectInputsAndOutputs(const Fusion& fusion, Segment& seg,
+                             const std::unordered_map<const Expr*, std::vector<int>>& segments_of,
+                             const std::vector<Segment>& segments);
+
 // Each expr's segments, in order (a forwarded cast is in several).
 std::unordered_map<const Expr*, std::vector<int>> segmentsOfExprs(const std::vector<Segment>& segments);
 

@@ -490,15 +490,7 @@ void HostIrLower::lowerResharding(const Expr* e) {
 
 void HostIrLower::finishSegments(const Fusion& fusion) {
   const auto segments_of = segmentsOfExprs(hic_->segments);
-  for (Segment& seg : hic_->segments) {
-    seg.inputs = inputsOf(seg.exprs);
-    for (const Expr* e : seg.exprs) {
-      for (Val* v : e->outputs()) {  // every result of a multi-output expr (attention)
-        auto* out = static_cast<TensorView*>(v);
-        if (readOutsideItsSegments(fusion, out, seg, segments_of, hic_->segments)) seg.outputs.push_back(out);
-      }
-    }
-  }
+  for (Segment& seg : hic_->segments) collectInputsAndOutputs(fusion, seg, segments_of, hic_->segments);
 }
 
 }  // namespace meshfuse

@@ -31,16 +31,7 @@ void mergeAdjacentViews(const Fusion& fusion, HostIrContainer& hic) {
   }
   if (merged_into.empty()) return;
   const auto segments_of = segmentsOfExprs(hic.segments);
-  for (int s : merged_into) {
-    Segment& seg = hic.segments[s];
-    seg.inputs = inputsOf(seg.exprs);
-    seg.outputs.clear();
-    for (const Expr* e : seg.exprs)
-      for (Val* v : e->outputs()) {
-        auto* out = static_cast<TensorView*>(v);
-        if (readOutsideItsSegments(fusion, out, seg, segments_of, hic.segments)) seg.outputs.push_back(out);
-      }
-  }
+  for (int s : merged_into) collectInputsAndOutputs(fusion, hic.segments[s], segments_of, hic.segments);
   removeEmptySegments(hic);
 }
 

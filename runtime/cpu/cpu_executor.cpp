@@ -42,6 +42,12 @@ const Expr& soleExpr(const Segment& seg) {
   return *seg.exprs.front();
 }
 
+void dropInternalValues(const Segment& seg, ValueMap& values) {
+  for (const Expr* e : seg.exprs)
+    for (const Val* v : e->outputs())
+      if (std::find(seg.outputs.begin(), seg.outputs.end(), v) == seg.outputs.end()) values.tensors.erase(v);
+}
+
 }  // namespace cpu
 
 namespace {
@@ -71,9 +77,7 @@ class CpuExecutor final : public SegmentExecutor {
   // rows are few. Values the parts pass between them are dropped afterwards.
   void runMatmulAndEpilogue(const Segment& seg, ValueMap& values, const ShapeMap& shapes) {
     for (const Segment& part : splitIntoParts(seg)) run(part, values, shapes);
-    for (const Expr* e : seg.exprs)
-      for (const Val* v : e->outputs())
-        if (std::find(seg.outputs.begin(), seg.outputs.end(), v) == seg.outputs.end()) values.tensors.erase(v);
+    cpu::dropInternalValues(seg, values);
   }
 };
 

@@ -18,6 +18,8 @@ struct NormalizationCodegenCounts {
 NormalizationCodegenCounts normalizationCodegenCounts();
 void runMatmul(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 void runView(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
+// Drops the values `seg`'s exprs computed that are not its outputs (passed between its parts only).
+void dropInternalValues(const Segment& seg, ValueMap& values);
 void runAttention(const Segment& seg, ValueMap& values, const ShapeMap& shapes);
 
 // The bound tensor of `v`, checked to be on the CPU and (when ShapeMap knows `v`) of its shape.

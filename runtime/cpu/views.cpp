@@ -1,7 +1,6 @@
 // View segments: permute, broadcast_in_dim and slice never copy (they restride the input);
 // reshape is a view of a contiguous input and a copy of any other; cat copies unless its parts lie end
 // to end in one storage (view_ops.h); stride_order copies.
-#include <algorithm>
 #include <stdexcept>
 
 #include "ops/shape_inference.h"
@@ -51,10 +50,7 @@ void runOneView(const Segment& seg, const Expr& e, ValueMap& values, const Shape
 // and the results only later views of the run read are dropped afterwards.
 void runView(const Segment& seg, ValueMap& values, const ShapeMap& shapes) {
   for (const Expr* e : seg.exprs) runOneView(seg, *e, values, shapes);
-  if (seg.exprs.size() == 1) return;
-  for (const Expr* e : seg.exprs)
-    if (std::find(seg.outputs.begin(), seg.outputs.end(), e->out()) == seg.outputs.end())
-      values.tensors.erase(e->out());
+  if (seg.exprs.size() > 1) dropInternalValues(seg, values);
 }
 
 }  // namespace meshfuse::cpu

@@ -282,10 +282,11 @@ def test_broadcasts_between_pointwise_ops_stay_one_pointwise_segment(rng):
 
 
 def test_views_launched_one_after_another_run_as_one_segment(rng):
-    """The heads split of attention's input (reshape, three slices, their permutes) and a broadcast,
-    launched one after another, are one view segment (host_ir/view_merging.h) whose outputs are the
-    values read outside it: the permuted heads and the broadcast, not the reshape and slices only
-    its own views read. The matmul between two runs keeps them apart. Results against numpy."""
+    """Views launched one after another are one view segment (host_ir/view_merging.h) whose outputs
+    are the values read outside it: the heads split of attention's input (a reshape, three slices,
+    their permutes) leaves the permuted heads, not the reshape and slices only its own views read.
+    The pointwise op and the matmul between runs keep them apart (the heads merge; the product's
+    reshape with the bias's broadcast). Results against numpy."""
     qkv = random_array(rng, (2, 5, 3 * 8), np.float32)
     bias = random_array(rng, (8,), np.float32)
     w = random_array(rng, (8, 8), np.float32)
