@@ -115,23 +115,33 @@ def dlpack_of(obj):
     return obj.__dlpack__()
 
 
-def _on_torch_default_stream(torch, tensor):
-    """Whether torch queues work for `tensor` where meshfuse does: always for CPU tensors; for CUDA
-    tensors, while torch's current stream on that device is the default (legacy) stream."""
-    return not tensor.is_cuda or _torch_stream_is_default(torch, tensor.get_device())
-
-
 def _torch_stream_is_default(torch, device_index):
     raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw_stream is not None and raw_stream(device_index) == 0
 
 
-def torch_dlpack_fast(tensor):
+def _stream_is_default(torch, device_index, default_streams):
+    """Whether torch's current stream on the CUDA device is the default (legacy) stream, where meshfuse
+    queues its work. default_streams: None, or a memo {device index: the answer} that one execute's
+    inputs share (and another its outputs), filled as their devices come (the current stream cannot
+    change within the call), so that a call of many tensors asks torch once per device, not once per
+    tensor. A new call starts a new memo: between calls the user may enter `torch.cuda.stream`."""
+    if default_streams is None:
+        return _torch_stream_is_default(torch, device_index)
+    known = default_streams.get(device_index)
+    if known is None:
+        known = default_streams[device_index] = _torch_stream_is_default(torch, device_index)
+    return known
+
+
+def torch_dlpack_fast(tensor, default_streams=None):
     """A DLPack capsule of a torch tensor through torch's C exporter, skipping the stream handshake of
-    `__dlpack__` (most of a small execute's time on CUDA) where no handshake is needed; else the
+    `__dlpack__` (most of a small execute's time on CUDA) where no handshake is needed: a CPU tensor,
+    or a CUDA tensor while its device's current stream is the default (_stream_is_default); else the
     handshake. Only for tensors that need no grad."""
     torch = _torch()
-    if _on_torch_default_stream(torch, tensor):
+    index = tensor.get_device()  # -1 on the CPU
+    if index < 0 or _stream_is_default(torch, index, default_streams):
         return torch.utils.dlpack.to_dlpack(tensor)
     return dlpack_of(tensor)
 
@@ -182,16 +192,17 @@ def to_numpy(tensor):
     return np.from_dlpack(tensor)
 
 
-def to_torch(tensor):
-    """A torch tensor sharing the Tensor's memory."""
+def to_torch(tensor, default_streams=None):
+    """A torch tensor sharing the Tensor's memory. default_streams: as _stream_is_default's."""
     torch = _torch()
     if torch is None:
         import torch  # noqa: F811  (the user passed torch inputs, so it is installed)
     if tensor.dtype == DataType.Bool and _major_version(torch) < 2:
         return torch.utils.dlpack.from_dlpack(tensor.dlpack_bool_as_uint8()).view(torch.bool)
     importer = getattr(torch._C, "_from_dlpack", None)
+    device_type, index = tensor.__dlpack_device__()
     if importer is not None and tensor.dtype != DataType.Bool and (
-            not tensor.is_cuda or _torch_stream_is_default(torch, int(tensor.device.split(":")[1]))):
+            device_type != _KDL_CUDA or _stream_is_default(torch, index, default_streams)):
         # Torch would consume on the default stream, where meshfuse's work already is: the capsule
         # straight into torch's C importer, without from_dlpack's stream handshake.
         return importer(tensor.__dlpack__())

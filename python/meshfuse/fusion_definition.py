@@ -459,8 +459,10 @@ class FusionDefinition:
                 self._fail_other_ranks(error, params)
                 raise
             results = self._cache.execute(args, params)
-        convert = _arrays.to_torch if torch_out else _arrays.to_numpy
-        return [None if t is None else convert(t) for t in results]
+        if torch_out:
+            default_streams = {}  # the outputs' own memo of torch's current streams (to_torch)
+            return [None if t is None else _arrays.to_torch(t, default_streams) for t in results]
+        return [None if t is None else _arrays.to_numpy(t) for t in results]
 
     def _fast_plan(self):
         """Per input, what a plain array needs to take the fast path: (numpy dtype or None, rank,
@@ -486,11 +488,12 @@ class FusionDefinition:
         return self._plan
 
     @staticmethod
-    def _fast_argument(expected, x, torch_dtypes):
+    def _fast_argument(expected, x, torch_dtypes, default_streams=None):
         """(C++ argument, whether x is a torch tensor) for an input that needs no checks beyond the
         plan's (a numpy array or torch tensor of the defined dtype and rank, C-contiguous unless any
         strides do; a number), else None: the general path then checks it and names what is wrong,
-        an export DLPack refuses among it."""
+        an export DLPack refuses among it. default_streams: the call's memo of torch's current
+        streams (_arrays.torch_dlpack_fast)."""
         if expected is None:
             return None
         if expected == "scalar":
@@ -505,7 +508,7 @@ class FusionDefinition:
             if torch_dtypes and torch_dtypes.get(getattr(x, "dtype", None)) == dtype \
                     and type(x).__module__ == "torch" and x.dim() == ndim and not x.requires_grad \
                     and (any_strides or x.is_contiguous()):
-                return _C.Tensor.from_dlpack(_arrays.torch_dlpack_fast(x)), True
+                return _C.Tensor.from_dlpack(_arrays.torch_dlpack_fast(x, default_streams)), True
         except (TypeError, ValueError, BufferError):
             return None
         return None
@@ -522,9 +525,9 @@ class FusionDefinition:
             _validation.check_input_count(fusion_inputs, inputs)
         torch_dtypes = _arrays.torch_dtype_map()  # {} until the user imports torch
         rank = None
-        args, torch_out = [], False
+        args, torch_out, default_streams = [], False, {}
         for i, (expected, x) in enumerate(zip(plan, inputs)):
-            fast = self._fast_argument(expected, x, torch_dtypes)
+            fast = self._fast_argument(expected, x, torch_dtypes, default_streams)
             if fast is not None:
                 args.append(fast[0])
                 torch_out = torch_out or fast[1]

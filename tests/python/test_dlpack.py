@@ -253,20 +253,32 @@ def fast_inputs(fd, inputs):
 
 def test_torch_inputs_on_a_side_stream_are_ordered():
     """On a torch side stream the fast import/export is not used: the stream handshake orders
-    torch's pending work on that stream before meshfuse reads, and meshfuse's before torch reads."""
+    torch's pending work on that stream before meshfuse reads, and meshfuse's before torch reads.
+    Each call asks which stream is current once per device and keeps the answer for its other
+    tensors only: a call on the default stream before side-stream calls changes nothing."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or not _C.Communicator.instance().is_available(_C.CommunicatorBackend.cuda):
         pytest.skip("needs a GPU and a meshfuse built with CUDA")
     with FusionDefinition() as fd:
         t = fd.define_tensor([-1])
+        u = fd.define_tensor([-1])
         fd.add_output(fd.ops.mul(t, 2.0))
+        fd.add_output(fd.ops.add(t, u))
     side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            x = torch.randn(1 << 22, device="cuda")
-            y = x * 3.0  # queued on the side stream; meshfuse must see it finished
-            (out,) = fd.execute([y])
-            torch.testing.assert_close(out, x * 6.0, rtol=1e-6, atol=1e-6)
+    for _ in range(2):
+        # The default stream first: an answer kept from this call would send the side-stream calls
+        # below through the fast path, unordered with torch's work there.
+        x = torch.randn(1 << 10, device="cuda")
+        out, total = fd.execute([x, x])
+        torch.testing.assert_close(total, x * 2.0, rtol=1e-6, atol=1e-6)
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                x = torch.randn(1 << 22, device="cuda")
+                y = x * 3.0  # queued on the side stream; meshfuse must see it finished
+                z = x * 5.0  # the second input: the call's memo must say "side stream" for it too
+                out, total = fd.execute([y, z])
+                torch.testing.assert_close(out, x * 6.0, rtol=1e-6, atol=1e-6)
+                torch.testing.assert_close(total, x * 8.0, rtol=1e-6, atol=1e-6)
 
 
 def test_numpy_inputs_take_the_fast_path_one_by_one(rng):
