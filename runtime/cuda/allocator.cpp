@@ -4,7 +4,7 @@
 // the pool's event dependencies make reuse across streams safe.
 //
 // In front of the pool, a host-side cache of blocks freed on a stream hands them back to the next
-// allocation of the same rounded size on that stream without a driver call (MESHFUSE_CUDA_BLOCK_CACHE=1):
+// allocation of the same rounded size on that stream without a driver call (MESHFUSE_CUDA_BLOCK_CACHE=0 turns it off):
 // cudaMallocAsync and cudaFreeAsync cost 1-5 us of host time each, and a small layer's step makes
 // about sixty of each (BENCHMARKS.md, session 25). Reuse on the stream the block was freed on is the
 // reuse the pool itself makes (the free is ordered after that stream's work, and so is the next
@@ -34,10 +34,11 @@ namespace meshfuse {
 namespace {
 constexpr int kMaxDevices = 64;
 
-// Read at each allocation and free (a test turns it on for a scope).
+// On unless MESHFUSE_CUDA_BLOCK_CACHE=0; read at each allocation and free (a test turns it off for a
+// scope, and a user rules it out when chasing memory).
 bool blockCacheEnabled() {
   const char* e = std::getenv("MESHFUSE_CUDA_BLOCK_CACHE");
-  return e != nullptr && std::string(e) == "1";
+  return e == nullptr || std::string(e) != "0";
 }
 
 // Blocks freed on a stream, by rounded size, for the next allocation of that size there. Bounded:

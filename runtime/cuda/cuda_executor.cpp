@@ -50,12 +50,11 @@ struct PointwiseGroupPlan {
   std::vector<PointwiseKernelPlan> kernels;
 };
 
-// MESHFUSE_CUDA_PLAN_CACHE=1 keeps the plans (KeptPlans); read at each run. Off by default until its
-// first run on a GPU: written in session 25 after the device time was spent, it is tested on the host
-// (the kept normalization launch rebound equals a fresh one) and its CUDA tests wait for a GPU.
+// The plans are kept (KeptPlans) unless MESHFUSE_CUDA_PLAN_CACHE=0, read at each run: a test can turn
+// them off for a scope, and a user can rule them out when chasing a wrong result.
 bool planCacheEnabled() {
   const char* e = std::getenv("MESHFUSE_CUDA_PLAN_CACHE");
-  return e != nullptr && std::string(e) == "1";
+  return e == nullptr || std::string(e) != "0";
 }
 
 // What an executor keeps of its segments' runs: a pointwise group's kernel plans (which exprs are

@@ -366,12 +366,8 @@ TEST(CudaExecutorPointwise, FusedChainWithIntermediateOutputsOfSeveralShapes) {
   }
 }
 
-// One executor runs a segment again (its pointwise kernels' plans kept from the first run), with a
-// runtime scalar changed, then at other shapes (a stream loop's chunks do that: the plans are made
-// again), then at the first shapes once more; every run against the CPU executor's.
-TEST(CudaExecutorPointwise, ASegmentRunAgainAndAtOtherShapesMatchesTheCpu) {
-  SKIP_WITHOUT_GPU();
-  testing::ScopedEnv keep("MESHFUSE_CUDA_PLAN_CACHE", "1");  // the kept plans (off by default)
+// The body of the test below, under whichever MESHFUSE_CUDA_PLAN_CACHE it sets.
+void runASegmentAgainAndAtOtherShapes() {
   std::mt19937 rng(51);
   Fusion fusion;
   TensorView* row = fusion.newTensor(DataType::Float, {1, 300});
@@ -404,6 +400,19 @@ TEST(CudaExecutorPointwise, ASegmentRunAgainAndAtOtherShapesMatchesTheCpu) {
     ASSERT_NO_THROW(gpu->run(seg, gpu_values, shapes)) << "run " << r;
     for (TensorView* out : seg.outputs)
       expectClose(cpu_values.tensor(out), gpu_values.tensor(out), "run " + std::to_string(r) + " " + out->name());
+  }
+}
+
+// One executor runs a segment again (its pointwise kernels' plans kept from the first run), with a
+// runtime scalar changed, then at other shapes (a stream loop's chunks do that: the plans are made
+// again), then at the first shapes once more; every run against the CPU executor's. Then the same
+// with the plans made on every run (MESHFUSE_CUDA_PLAN_CACHE=0).
+TEST(CudaExecutorPointwise, ASegmentRunAgainAndAtOtherShapesMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const char* keep_plans : {"1", "0"}) {
+    SCOPED_TRACE(std::string("MESHFUSE_CUDA_PLAN_CACHE=") + keep_plans);
+    testing::ScopedEnv keep("MESHFUSE_CUDA_PLAN_CACHE", keep_plans);
+    runASegmentAgainAndAtOtherShapes();
   }
 }
 
@@ -531,7 +540,7 @@ TEST(CudaExecutorNormalization, EveryNormMatchesTheCpuAtEveryRowLengthAndDtype) 
 // again), and as first once more; every run on new random inputs, against the CPU executor's.
 TEST(CudaExecutorNormalization, ASegmentRunAgainAndWithOtherStridesMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
-  testing::ScopedEnv keep("MESHFUSE_CUDA_PLAN_CACHE", "1");  // the kept plans (off by default)
+  testing::ScopedEnv keep("MESHFUSE_CUDA_PLAN_CACHE", "1");  // the kept plans (the default; pinned)
   std::mt19937 rng(61);
   for (testing_norms::Norm norm : {testing_norms::Norm::LayerNorm, testing_norms::Norm::LayerNormBackward}) {
     Case c;
@@ -1116,7 +1125,7 @@ TEST(CudaRuntime, CopiesRoundTripAndMemoryIsReturned) {
 
 TEST(CudaRuntime, TheBlockCacheHandsAFreedBlockBackOnItsStreamOnly) {
   SKIP_WITHOUT_GPU();
-  testing::ScopedEnv on("MESHFUSE_CUDA_BLOCK_CACHE", "1");
+  testing::ScopedEnv on("MESHFUSE_CUDA_BLOCK_CACHE", "1");  // the default; pinned
   const int64_t before = cuda::bytesInUse(0);
   void* first = nullptr;
   {
