@@ -43,7 +43,10 @@ bool blockCacheEnabled() {
 
 // Blocks freed on a stream, by rounded size, for the next allocation of that size there. Bounded:
 // blocks above kLargestBlock go straight back to the pool (their allocation's host cost is small
-// beside the work on them), and so does a block that would take the cache above kMostHeld.
+// beside the work on them), and so does a block that would take the cache above kMostHeld. Keyed by
+// the stream's handle, which is safe because meshfuse's current streams are only the legacy default
+// stream and the pool's streams (streams.cpp), both alive until the process ends: a handle never
+// comes back as another stream whose work would not be ordered after the free.
 class SameStreamBlocks {
  public:
   static constexpr size_t kGranule = 512;
