@@ -140,8 +140,7 @@ def torch_dlpack_fast(tensor, default_streams=None):
     or a CUDA tensor while its device's current stream is the default (_stream_is_default); else the
     handshake. Only for tensors that need no grad."""
     torch = _torch()
-    index = tensor.get_device()  # -1 on the CPU
-    if index < 0 or _stream_is_default(torch, index, default_streams):
+    if not tensor.is_cuda or _stream_is_default(torch, tensor.get_device(), default_streams):
         return torch.utils.dlpack.to_dlpack(tensor)
     return dlpack_of(tensor)
 
