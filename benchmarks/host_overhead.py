@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from meshfuse import DataType, FusionDefinition, _arrays
+from meshfuse import DataType, FusionDefinition
 from timing import best_time, host_trace_summary
 
 
@@ -58,12 +58,11 @@ def transformer_passes(iters, device):
     for fd, inputs in ((fwd, fwd_inputs), (bwd, bwd_inputs)):
         cpp_args, torch_out = fd._arguments(inputs)
         results = fd._cache.execute(cpp_args, fd._params)
-        convert = _arrays.to_torch if torch_out else _arrays.to_numpy
         parts = {
             "cached execute": lambda: fd.execute(inputs),
             "  of which: inputs checked and imported": lambda: fd._arguments(inputs),
             "  of which: C++ FusionExecutorCache.execute": lambda: fd._cache.execute(cpp_args, fd._params),
-            "  of which: outputs exported": lambda: [None if t is None else convert(t) for t in results],
+            "  of which: outputs exported": lambda: fd._exported(results, torch_out),
         }
         for what, fn in parts.items():
             rows.setdefault(what, []).append(best_of(fn, iters) * 1e6)
@@ -120,8 +119,7 @@ def main():
         "  of which: C++ FusionExecutorCache.execute": best_of(lambda: fd._cache.execute(cpp_args, fd._params), args.iters),
     }
     results = fd._cache.execute(cpp_args, fd._params)
-    convert = _arrays.to_torch if torch_out else _arrays.to_numpy
-    parts["  of which: output exported (DLPack)"] = best_of(lambda: convert(results[0]), args.iters)
+    parts["  of which: output exported (DLPack)"] = best_of(lambda: fd._exported(results, torch_out), args.iters)
     print("| what | us per call |")
     print("|---|---|")
     print(f"| first execute (validate + lower + run) | {first * 1e6:.1f} |")

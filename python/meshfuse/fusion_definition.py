@@ -459,6 +459,12 @@ class FusionDefinition:
                 self._fail_other_ranks(error, params)
                 raise
             results = self._cache.execute(args, params)
+        return self._exported(results, torch_out)
+
+    @staticmethod
+    def _exported(results, torch_out):
+        """execute()'s outputs from the C++ results: torch tensors when any input was one, else numpy
+        arrays; None stays None."""
         if torch_out:
             default_streams = {}  # the outputs' own memo of torch's current streams (to_torch)
             return [None if t is None else _arrays.to_torch(t, default_streams) for t in results]
