@@ -19,8 +19,9 @@ from torch_gpu import torch_cuda  # noqa: E402
 # in mp/test_attention_mp.py).
 os.environ.setdefault("MESHFUSE_ATTENTION_RNG", "meshfuse")
 
-# After a CUDA fault, the later CUDA tests report it instead of each failing on a dead context.
-pytest_plugins = ["cuda_fault_guard"]
+# After a CUDA fault, the later CUDA tests report it instead of each failing on a dead context; the torch
+# tests skipped for want of torch are listed for scripts/test's second interpreter (torch_skips.py).
+pytest_plugins = ["cuda_fault_guard", "torch_skips"]
 
 NUMPY_DTYPE = {
     DataType.Float: np.float32,
