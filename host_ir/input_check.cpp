@@ -50,15 +50,17 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
       throw UserError("execute: input " + std::to_string(i) + " (" + tv->name() + ") must be a tensor on rank " +
                       std::to_string(rank) + "; got " + (std::holds_alternative<double>(arg) ? "a scalar" : "None"));
     const Tensor& t = std::get<Tensor>(arg);
+    // The IR name and the place in execute()'s list, which is what a user with many inputs counts.
+    const std::string label = tv->name() + " (input " + std::to_string(i) + ")";
     if (t.dtype() != tv->dtype())
-      throw UserError(tv->name() + ": expected dtype " + toString(tv->dtype()) + ", got " + toString(t.dtype()));
+      throw UserError(label + ": expected dtype " + toString(tv->dtype()) + ", got " + toString(t.dtype()));
     if (t.dim() != tv->ndim())
-      throw UserError(tv->name() + ": expected rank " + std::to_string(tv->ndim()) + " (shape " +
+      throw UserError(label + ": expected rank " + std::to_string(tv->ndim()) + " (shape " +
                       shapeToString(tv->shape()) + "), got rank " + std::to_string(t.dim()) + " (shape " +
                       shapeToString(t.shape()) + ")");
     if (tv->isContiguous() && !t.isContiguous())
-      throw UserError(tv->name() + ": the definition says contiguous but the input has shape " +
-                      shapeToString(t.shape()) + " and strides " + shapeToString(t.strides()) +
+      throw UserError(label + ": the definition says contiguous but the input has shape " + shapeToString(t.shape()) +
+                      " and strides " + shapeToString(t.strides()) +
                       " (pass a contiguous copy, or define it with contiguity=False)");
     std::vector<int64_t> global = globalShape(tv, t.shape());
     for (int64_t a = 0; a < tv->ndim(); ++a) {
@@ -66,9 +68,9 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
       if (expected >= 0 && global[a] != expected) {
         std::string note = shardNote(tv, static_cast<int>(a));
         int64_t local_expected = localShape(tv, tv->shape())[a];
-        throw UserError(tv->name() + " axis " + std::to_string(a) + ": expected extent " +
-                        std::to_string(local_expected) + note + ", got " + std::to_string(t.shape()[a]) +
-                        " (input shape " + shapeToString(t.shape()) + ")");
+        throw UserError(label + " axis " + std::to_string(a) + ": expected extent " + std::to_string(local_expected) +
+                        note + ", got " + std::to_string(t.shape()[a]) + " (input shape " + shapeToString(t.shape()) +
+                        ")");
       }
     }
     if (!device_set) {
@@ -76,7 +78,7 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
       sig.device_index = t.device().index;
       device_set = true;
     } else if (t.device().type != sig.device) {
-      throw UserError(tv->name() + ": on " + t.device().toString() + " while an earlier input is on " +
+      throw UserError(label + ": on " + t.device().toString() + " while an earlier input is on " +
                       Device{sig.device, sig.device_index}.toString() + "; all inputs must be on one kind of device");
     }
     sig.present.push_back(true);

@@ -542,7 +542,10 @@ class FusionDefinition:
                 fusion_inputs = self._fusion.inputs()
                 rank = _lazy_rank()
             v = fusion_inputs[i]
-            args.append(_validation.tensor_argument(v, x, rank) if v.is_tensor else _validation.check_scalar(v, x))
+            try:
+                args.append(_validation.tensor_argument(v, x, rank) if v.is_tensor else _validation.check_scalar(v, x))
+            except (TypeError, ValueError) as error:
+                raise type(error)(self._naming_the_input(str(error), i, v)) from None
             torch_out = torch_out or _arrays.is_torch_tensor(x)
         if bf16_out and not torch_out:
             for out in self._fusion.outputs():
@@ -550,6 +553,21 @@ class FusionDefinition:
                     raise TypeError(f"{out.name}: a BFloat16 output cannot be returned as a numpy array (numpy "
                                     f"has no bfloat16): cast it to Float in the definition, or pass torch tensors")
         return args, torch_out
+
+    def _naming_the_input(self, message, index, v):
+        """An input check's message, which opens with the input's IR name (T7), with where the input
+        sits in execute()'s list after it, and its name where the definition names its inputs (an
+        input_names() method, as the transformer layer's have): "T7 (input 7, fc1_out): ...". Only
+        on the error path, so a call that passes pays nothing for it."""
+        names = getattr(self, "input_names", None)
+        try:
+            name = names()[index] if callable(names) else None
+        except Exception:  # a broken input_names() must not hide the user's error
+            name = None
+        where = f"input {index}" + (f", {name}" if name else "")
+        if message.startswith(v.name):
+            return f"{v.name} ({where}){message[len(v.name):]}"
+        return f"{v.name} ({where}): {message}"
 
     def _fail_other_ranks(self, error, params):
         """The other ranks wait in execute() for this rank's inputs: tell them this rank's were bad, so

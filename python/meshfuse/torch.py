@@ -92,4 +92,7 @@ class TransformerLayer(torch.nn.Module):
         return torch.as_tensor(np.ascontiguousarray(shard_tensor(x, self.forward_fusion.tensors["x"], self.rank)))
 
     def forward(self, x):
+        if not isinstance(x, torch.Tensor):  # else an AttributeError from deep inside autograd
+            raise TypeError(f"TransformerLayer: x must be a torch tensor (this rank's shard of the [b, s, e] input: "
+                            f"shard_input() makes it), got {type(x).__name__}")
         return _LayerFunction.apply(self, x, *[getattr(self, n) for n in _tf.PARAMETERS])

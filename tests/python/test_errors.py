@@ -58,6 +58,35 @@ def test_wrong_dtype(linear_fd):
         linear_fd.execute([_x(), _w().astype(np.float64)])
 
 
+def test_the_message_says_where_the_input_sits_in_the_list(linear_fd):
+    # A backward with 28 inputs: "T1" alone would leave the user counting definitions.
+    with _raises(TypeError, "T1 (input 1): expected dtype Float"):
+        linear_fd.execute([_x(), _w().astype(np.float64)])
+    with _raises(TypeError, "T0 (input 0): expected a tensor"):
+        linear_fd.execute(["x", _w()])
+
+
+class _NamedInputs(FusionDefinition):
+    """A definition whose inputs have names (input_names(), as the transformer layer's passes have)."""
+
+    def definition(self):
+        self.x = self.define_tensor([-1, 8], DataType.Float, contiguity=True)
+        self.w = self.define_tensor([4, 8], DataType.Float, contiguity=True)
+        self.add_output(self.ops.linear(self.x, self.w))
+
+    def input_names(self):
+        return ["activations", "weight"]
+
+
+def test_a_definition_that_names_its_inputs_has_them_named():
+    fd = _NamedInputs()
+    with _raises(TypeError, "T1 (input 1, weight): expected dtype Float", "Double"):
+        fd.execute([_x(), _w().astype(np.float64)])
+    with _raises(ValueError, "T0 (input 0, activations): expected 2 dimensions"):
+        fd.execute([np.ones(8, np.float32), _w()])
+    assert np.allclose(fd.execute([_x(), _w()])[0], 8.0)
+
+
 def test_unsupported_dtype(linear_fd):
     with _raises(TypeError, "T0", "dtype uint8 is not supported", "expected Float"):
         linear_fd.execute([_x().astype(np.uint8), _w()])
@@ -119,7 +148,7 @@ def test_scalar_input_given_an_array():
 # ---- extents: checked by the C++ executor, which knows the shardings ----------------------------
 
 def test_extent_differs_from_the_definition(linear_fd):
-    with _raises(ValueError, "T1", "8", "9"):
+    with _raises(ValueError, "T1 (input 1) axis 1: expected extent 8", "got 9"):
         linear_fd.execute([_x(), np.ones((4, 9), np.float32)])
     with _raises(ValueError, "T0", "8", "7"):
         linear_fd.execute([np.ones((3, 7), np.float32), _w()])

@@ -53,3 +53,13 @@ def test_gradients_are_the_backward_fusions():
     np.testing.assert_array_equal(x.grad.numpy(), grads["grad_x"].numpy())
     for n in PARAMETERS:
         np.testing.assert_array_equal(getattr(layer, n).grad.numpy(), grads["grad_" + n].numpy(), err_msg=n)
+
+
+def test_bad_inputs_are_clear_errors_naming_x():
+    layer, x = _layer_and_input()
+    with pytest.raises(TypeError, match="x must be a torch tensor.*got ndarray"):
+        layer(x.detach().numpy())
+    with pytest.raises(TypeError, match=r"T0 \(input 0, x\): expected dtype Float, got Double"):
+        layer(x.detach().double())
+    with pytest.raises(ValueError, match=r"T0 \(input 0, x\): expected 3 dimensions"):
+        layer(x.detach()[0])

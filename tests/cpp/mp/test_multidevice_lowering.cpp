@@ -287,7 +287,7 @@ TEST_F(MultiDevice, BadInputOnOneRankFailsEveryRankNamingIt) {
   } catch (const UserError& e) {
     std::string msg = e.what();
     if (rank == bad)
-      EXPECT_NE(msg.find("T0 axis 0"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("T0 (input 0) axis 0"), std::string::npos) << msg;
     else
       EXPECT_NE(msg.find("rank " + std::to_string(bad)), std::string::npos) << msg;
   }
