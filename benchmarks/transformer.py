@@ -4,7 +4,8 @@ same work, in one table.
 CPU, tensor parallel over MPI ranks (one rank per process; torch's side is a Megatron layer with
 manual all_reduce over its gloo process group):
     mpirun -np 2 /usr/bin/python3 benchmarks/transformer.py --device cpu --hidden 1024 --sequence 512
-(--breakdown 5 adds rank 0's time per segment kind, from traces of five more meshfuse steps;
+(--breakdown 5 adds rank 0's time per segment kind, from traces of five more meshfuse steps, and
+every rank's matmul and waiting time, which shows when the machine runs one rank slower than another;
 --backend gloo runs meshfuse's communication on Gloo too, as torch's side does, instead of `auto`,
 which is MPI under mpirun on the CPU.)
 GPU, one device (the GPT-3 layer, causal, dropout 0.1), against torch eager and torch.compile:
@@ -224,10 +225,12 @@ def run_cpu(args):
         print(f"# GEMM floor: {floor:.1f} ms a step, the layer's FLOPs at meshfuse's matmul rate on its largest "
               f"per-rank product ({rate:.0f} GFLOP/s, {shape}); torch's step / floor = "
               f"{rows[-1][2] * 1e3 / floor:.2f}x, the most any speed-up could reach on this machine")
-        for name, kinds in (parts or {}).items():
+        for name, kinds in (parts or {}).get(0, {}).items():
             desc = ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
             print(f"# rank 0 {name} ms by segment kind (mean of {args.breakdown} traced steps): {desc}, "
                   f"total {sum(kinds.values()):.2f}")
+        if parts and len(parts) > 1:
+            print_rank_balance(parts)
         for name, summary in host.items():
             print_host_breakdown(f"rank 0 {name}", summary)
 
@@ -263,15 +266,31 @@ def traced_cpu_passes(layer, x, dy, trace_dir, **trace_options):
 
 
 def cpu_breakdown(layer, x, dy, args):
-    """Rank 0's milliseconds per segment kind in the forward and backward fusions, from a trace of each
-    over args.breakdown steps (communication wait: mostly waiting for the other ranks)."""
-    parts = {"forward": {}, "backward": {}}
+    """{rank: {pass: {segment kind: ms}}}: each rank's milliseconds per segment kind in the forward and
+    backward fusions, from a trace of each over args.breakdown steps (communication wait: mostly
+    waiting for the other ranks). Read on rank 0, from the trace file that holds every rank's events."""
+    parts = {}
     for _ in range(args.breakdown):
         for name, trace in traced_cpu_passes(layer, x, dy, args.trace_dir):
-            kinds = trace_breakdown(trace, pid=0) if layer.rank == 0 else {}
-            for kind, ms in kinds.items():
-                parts[name][kind] = parts[name].get(kind, 0.0) + ms / args.breakdown
+            if layer.rank != 0:
+                continue
+            for pid in range(Communicator.instance().size):
+                ranks = parts.setdefault(pid, {"forward": {}, "backward": {}})
+                for kind, ms in trace_breakdown(trace, pid=pid).items():
+                    ranks[name][kind] = ranks[name].get(kind, 0.0) + ms / args.breakdown
     return parts
+
+
+def print_rank_balance(parts):
+    """One line: each rank's matmul and communication wait per pass. The ranks run the same GEMMs, so
+    where one rank's matmul takes longer the others wait for it: the machine, not the schedule (two
+    vCPUs that share a core, a noisy neighbour), which caps the speed-up below the GEMM floor's."""
+    cells = []
+    for pid, passes in sorted(parts.items()):
+        mm = " / ".join(f"{passes[n].get('matmul', 0.0):.1f}" for n in ("forward", "backward"))
+        wait = " / ".join(f"{passes[n].get('communication wait', 0.0):.1f}" for n in ("forward", "backward"))
+        cells.append(f"rank {pid} matmul {mm}, waiting {wait}")
+    print("# per rank, forward / backward ms: " + "; ".join(cells))
 
 
 def print_host_breakdown(name, summary):

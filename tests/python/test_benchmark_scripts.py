@@ -2,6 +2,8 @@
 change to the library or to a script that breaks a benchmark fails here, not in the next measuring
 session. Their timings are not asserted (benchmarks measure, tests assert); the accuracy each script
 prints against its float64 or numpy reference is."""
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -151,3 +153,10 @@ def test_transformer_breakdown_counts_waiting_not_communications_in_flight(tmp_p
         {"matmul": 10.0, "normalization": 2.0, "communication wait": 3.0})
     assert bench.trace_breakdown(str(path)) == pytest.approx(
         {"matmul": 22.0, "normalization": 2.0, "communication wait": 3.0})
+    # The per-rank line reads each rank's lane of the same trace: rank 1's slower GEMM is what rank 0
+    # waited for.
+    parts = {pid: {"forward": bench.trace_breakdown(str(path), pid=pid), "backward": {}} for pid in (0, 1)}
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        bench.print_rank_balance(parts)
+    assert printed.getvalue() == ("# per rank, forward / backward ms: rank 0 matmul 10.0 / 0.0, waiting 3.0 / 0.0; "
+                                  "rank 1 matmul 12.0 / 0.0, waiting 0.0 / 0.0\n")
