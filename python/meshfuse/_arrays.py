@@ -100,6 +100,11 @@ def to_tensor(obj):
         obj = np.array(obj, copy=True)
     if type(obj).__name__ == "PyCapsule":
         return _C.Tensor.from_dlpack(obj)
+    if is_torch_tensor(obj) and obj.requires_grad:
+        # torch refuses to export a tensor that requires grad. meshfuse records no autograd graph
+        # (meshfuse.torch's autograd.Function does that), so it reads the data as nvFuser does: the
+        # detached tensor shares the memory, and the outputs come back without grad.
+        obj = obj.detach()
     if _is_bool(obj) and not _exports_bool(obj):
         # numpy < 2 and torch < 2 cannot put bool in DLPack: pass the same bytes as uint8.
         return _C.Tensor.from_dlpack(dlpack_of(_uint8_view(obj)), uint8_as_bool=True)

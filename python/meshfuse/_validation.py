@@ -62,6 +62,10 @@ def tensor_argument(tv, value, rank):
     if not _arrays.is_array(value):
         raise TypeError(f"{tv.name}: expected a tensor (numpy array or torch tensor) of dtype "
                         f"{_dtype_name(tv.dtype)}, got {_arrays.type_name(value)}")
+    layout = getattr(value, "layout", None) if _arrays.is_torch_tensor(value) else None
+    if layout is not None and str(layout) != "torch.strided":
+        raise ValueError(f"{tv.name}: a {layout} torch tensor; meshfuse reads dense (strided) tensors: "
+                         f"pass tensor.to_dense()")
     dtype, dtype_name = _arrays.dtype_of(value)
     is_numpy = dtype_name is not None and not _arrays.is_torch_tensor(value) and not isinstance(value, _C.Tensor)
     if dtype_name is not None:
@@ -70,6 +74,9 @@ def tensor_argument(tv, value, rank):
         tensor = _arrays.to_tensor(value)
     except (TypeError, ValueError, BufferError) as e:
         raise type(e)(f"{tv.name}: {e}") from None
+    except RuntimeError as e:  # torch's exporter refusing a tensor (a conjugate or negative view, ...)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{tv.name}: cannot be read through DLPack: {reason}") from None
     # Checked on the imported Tensor, so any DLPack producer gets the same checks.
     _check_dtype(tv, tensor.dtype, _dtype_name(tensor.dtype), is_numpy)
     shape = tuple(tensor.shape)

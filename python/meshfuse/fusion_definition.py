@@ -515,8 +515,8 @@ class FusionDefinition:
                     and type(x).__module__ == "torch" and x.dim() == ndim and not x.requires_grad \
                     and (any_strides or x.is_contiguous()):
                 return _C.Tensor.from_dlpack(_arrays.torch_dlpack_fast(x, default_streams)), True
-        except (TypeError, ValueError, BufferError):
-            return None
+        except (TypeError, ValueError, BufferError, RuntimeError):  # torch's refusals are RuntimeErrors
+            return None  # the general checks say what is wrong
         return None
 
     def _arguments(self, inputs):

@@ -177,6 +177,28 @@ def test_torch_in_torch_out(rng):
     torch.testing.assert_close(out, torch.relu(x.double() @ w.double().T).float(), rtol=1e-5, atol=1e-5)
 
 
+def test_torch_tensors_that_require_grad_are_read_and_outputs_have_no_grad(rng):
+    """torch refuses to export a tensor that requires grad (an nn.Parameter, say); meshfuse records no
+    autograd graph, so it reads the detached data, as nvFuser does (meshfuse.torch is for autograd)."""
+    torch = pytest.importorskip("torch")
+    w = torch.nn.Parameter(torch.from_numpy(random_array(rng, (3, 4), np.float32)))
+    x = torch.from_numpy(random_array(rng, (6, 4), np.float32)).requires_grad_(True)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.linear(fd.define_tensor([-1, 4]), fd.define_tensor([3, 4])))
+    for _ in range(2):  # the second call is a cached one
+        (out,) = fd.execute([x, w])
+        assert not out.requires_grad and w.requires_grad and x.requires_grad
+        torch.testing.assert_close(out, (x.detach().double() @ w.detach().double().T).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_tensors_that_are_not_dense_are_named_errors():
+    torch = pytest.importorskip("torch")
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.add(fd.define_tensor([-1, 4]), 1.0))
+    with pytest.raises(ValueError, match=r"T0 \(input 0\): a torch.sparse_coo torch tensor.*to_dense\(\)"):
+        fd.execute([torch.ones(2, 4).to_sparse()])
+
+
 def test_torch_import_is_zero_copy_and_keeps_the_tensor_alive():
     torch = pytest.importorskip("torch")
     x = torch.arange(12, dtype=torch.int64).reshape(3, 4)
