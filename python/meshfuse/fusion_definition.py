@@ -555,9 +555,9 @@ class FusionDefinition:
         return args, torch_out
 
     def _naming_the_input(self, message, index, v):
-        """An input check's message, which opens with the input's IR name (T7), with where the input
+        """An input check's message, which opens with the input's IR name (T23), with where the input
         sits in execute()'s list after it, and its name where the definition names its inputs (an
-        input_names() method, as the transformer layer's have): "T7 (input 7, fc1_out): ...". Only
+        input_names() method, as the transformer layer's have): "T23 (input 23, fc1_out): ...". Only
         on the error path, so a call that passes pays nothing for it."""
         names = getattr(self, "input_names", None)
         try:
