@@ -38,10 +38,9 @@ def test_lists_the_tests_and_modules_skipped_for_want_of_torch(pytester, tmp_pat
         "test_a.py::test_needs_torch[1]", "test_a.py::test_needs_torch[2]", "test_b.py"]
 
 
-def test_writes_nothing_unless_asked(pytester, tmp_path, monkeypatch):
-    monkeypatch.delenv("MESHFUSE_TORCH_SKIPS", raising=False)
+def test_records_only_when_asked(pytester, tmp_path, monkeypatch):
     pytester.makeconftest('pytest_plugins = ["torch_skips"]')
-    pytester.makepyfile(test_a=FAKE_TESTS)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, skipped=3)
-    assert not list(pytester.path.glob("*.txt"))
+    monkeypatch.delenv("MESHFUSE_TORCH_SKIPS", raising=False)
+    assert pytester.parseconfigure().pluginmanager.get_plugin("meshfuse_torch_skips_recorder") is None
+    monkeypatch.setenv("MESHFUSE_TORCH_SKIPS", str(tmp_path / "skips.txt"))
+    assert pytester.parseconfigure().pluginmanager.get_plugin("meshfuse_torch_skips_recorder") is not None
