@@ -512,8 +512,10 @@ class FusionDefinition:
                     return None
                 return _C.Tensor.from_dlpack(x.__dlpack__()), False
             if torch_dtypes and torch_dtypes.get(getattr(x, "dtype", None)) == dtype \
-                    and type(x).__module__ == "torch" and x.dim() == ndim and not x.requires_grad \
+                    and type(x).__module__ == "torch" and x.dim() == ndim \
                     and (any_strides or x.is_contiguous()):
+                if x.requires_grad:  # read detached, as the general path does (_arrays.to_tensor says why)
+                    x = x.detach()
                 return _C.Tensor.from_dlpack(_arrays.torch_dlpack_fast(x, default_streams)), True
         except (TypeError, ValueError, BufferError, RuntimeError):  # torch's refusals are RuntimeErrors
             return None  # the general checks say what is wrong

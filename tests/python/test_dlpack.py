@@ -189,6 +189,9 @@ def test_torch_tensors_that_require_grad_are_read_and_outputs_have_no_grad(rng):
         (out,) = fd.execute([x, w])
         assert not out.requires_grad and w.requires_grad and x.requires_grad
         torch.testing.assert_close(out, (x.detach().double() @ w.detach().double().T).float(), rtol=1e-5, atol=1e-5)
+    # The general path (a sharded input, an input the fast plan does not cover) reads it in place too.
+    t = _arrays.to_tensor(w)
+    assert t.data_ptr == w.data_ptr() and t.shape == [3, 4] and t.item(5) == pytest.approx(float(w[1, 1]))
 
 
 def test_torch_tensors_that_are_not_dense_are_named_errors():
@@ -262,7 +265,8 @@ def test_torch_fast_path_matches_and_rejects_what_it_cannot_take(device):
         fd.execute([x.double(), y])
     view = torch.randn(24, 16, device=device).t()
     assert fast_inputs(fd, [view, y]) == [True, True]  # the definition promises no layout: any strides do
-    assert fast_inputs(fd, [x.requires_grad_(True), y]) == [False, True]
+    # A tensor that requires grad (an nn.Parameter) is read detached on the fast path too.
+    assert fast_inputs(fd, [x.requires_grad_(True), y]) == [True, True]
     out, _ = fd.execute([view, y])
     torch.testing.assert_close(out, view + y.float(), rtol=1e-6, atol=1e-6)
 

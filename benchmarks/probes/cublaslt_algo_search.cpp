@@ -1,0 +1,419 @@
+// Probe: does cuBLASLt hold a faster kernel for the transformer layer's GEMMs than the best of the
+// eight its heuristic offers, which is what meshfuse's autotuner times (`MESHFUSE_MATMUL_AUTOTUNE`)?
+// The layer's GEMMs are about 90% of each pass on one GPU, so they decide the issue-14 aims there;
+// session 23 found the heuristic never offers more than eight (BENCHMARKS.md).
+//
+// For each of the GPT-3 layer's twelve products (forward x W^T, input gradient dy W, weight gradient
+// dy^T x, for qkv, the out-projection, fc1 and fc2; bf16 operands and output, fp32 compute, in the
+// transposes meshfuse hands cuBLASLt) it times, on the same operands:
+//   1. the heuristic's first eight algorithms (the autotuner's candidates);
+//   2. the heuristic's best configurations of every algorithm id, one id at a time
+//      (CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID);
+//   3. every configuration cublasLtMatmulAlgoCheck accepts around the fastest so far: its algorithm
+//      id with each tile, stage count, cluster shape, swizzle and custom option (split-K off),
+//      up to a budget of configurations a product;
+// then retimes the heuristic's best against the search's three best in alternating rounds (the GPU's
+// clock moves by more than the differences sought) and checks the winner's result against the
+// heuristic's. Built with CUDA (target probe_cublaslt_algo_search):
+//   build/benchmarks/probe_cublaslt_algo_search [tokens [hidden [budget]]]   (default 2048 12288 400)
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+void check(int status, const char* what) {
+  if (status == 0) return;
+  std::fprintf(stderr, "%s failed: status %d\n", what, status);
+  std::exit(1);
+}
+
+constexpr size_t kWorkspaceBytes = size_t{64} << 20;
+constexpr int kHeuristicCandidates = 8;
+constexpr int kMaxAlgorithmIds = 128;
+
+// The configuration fields that name a kernel (cublasLtMatmulAlgoConfigAttributes_t), for printing
+// and for telling candidates apart.
+struct Config {
+  int32_t id = 0;
+  uint32_t tile = 0, stages = 0, swizzle = 0, custom = 0;
+  int32_t split_k = 1;
+  uint16_t inner = 0, cluster = 0;
+  auto key() const { return std::array<int64_t, 8>{id, tile, stages, swizzle, custom, split_k, inner, cluster}; }
+};
+
+template <typename T>
+T configValue(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T value{};
+  size_t written = 0;
+  check(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof value, &written), "AlgoConfigGetAttribute");
+  return value;
+}
+
+Config configOf(const cublasLtMatmulAlgo_t& algo) {
+  Config c;
+  c.id = configValue<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID);
+  c.tile = configValue<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID);
+  c.stages = configValue<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID);
+  c.swizzle = configValue<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING);
+  c.custom = configValue<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
+  c.split_k = configValue<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+  c.inner = configValue<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID);
+  c.cluster = configValue<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+  return c;
+}
+
+std::string describe(const Config& c) {
+  char text[160];
+  std::snprintf(text, sizeof text, "id %d tile %u stages %u cluster %u swizzle %u custom %u inner %u split %d", c.id,
+                c.tile, c.stages, c.cluster, c.swizzle, c.custom, c.inner, c.split_k);
+  return text;
+}
+
+// An array capability (tile ids, stage ids) of an initialized algorithm.
+std::vector<uint32_t> capabilityList(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
+  size_t bytes = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0)
+    return {0};
+  std::vector<uint32_t> values(bytes / sizeof(uint32_t));
+  check(cublasLtMatmulAlgoCapGetAttribute(&algo, attr, values.data(), bytes, &bytes), "AlgoCapGetAttribute");
+  return values;
+}
+
+int32_t capabilityValue(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
+  int32_t value = 0;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &value, sizeof value, &written) != CUBLAS_STATUS_SUCCESS) return 0;
+  return value;
+}
+
+// One product D = op(A) op(B) in cuBLASLt's column-major terms, with its descriptors.
+struct Product {
+  const char* name;
+  int64_t rows, cols, depth;
+  bool transpose_a, transpose_b;
+  const void* a;
+  const void* b;
+  void* d;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+};
+
+cublasLtMatrixLayout_t bf16Layout(int64_t rows, int64_t cols) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  check(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, rows, cols, rows), "cublasLtMatrixLayoutCreate");
+  return layout;
+}
+
+void describeProduct(Product& p) {
+  check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasOperation_t op_a = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a), "TRANSA");
+  check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b), "TRANSB");
+  p.la = p.transpose_a ? bf16Layout(p.depth, p.rows) : bf16Layout(p.rows, p.depth);
+  p.lb = p.transpose_b ? bf16Layout(p.cols, p.depth) : bf16Layout(p.depth, p.cols);
+  p.ld = bf16Layout(p.rows, p.cols);
+}
+
+void releaseProduct(Product& p) {
+  cublasLtMatrixLayoutDestroy(p.la);
+  cublasLtMatrixLayoutDestroy(p.lb);
+  cublasLtMatrixLayoutDestroy(p.ld);
+  cublasLtMatmulDescDestroy(p.desc);
+}
+
+struct Searcher {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+
+  bool launch(const Product& p, const cublasLtMatmulAlgo_t& algo) const {
+    const float one = 1, zero = 0;
+    return cublasLtMatmul(handle, p.desc, &one, p.a, p.la, p.b, p.lb, &zero, p.d, p.ld, p.d, p.ld, &algo, workspace,
+                          kWorkspaceBytes, nullptr) == CUBLAS_STATUS_SUCCESS;
+  }
+
+  // Milliseconds a launch over `launches` back to back after one warm-up; negative if it refuses.
+  float time(const Product& p, const cublasLtMatmulAlgo_t& algo, int launches) const {
+    if (!launch(p, algo)) return -1;
+    check(cudaEventRecord(start), "cudaEventRecord");
+    for (int r = 0; r < launches; ++r)
+      if (!launch(p, algo)) return -1;
+    check(cudaEventRecord(stop), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    return ms / static_cast<float>(launches);
+  }
+
+  cublasLtMatmulPreference_t preference(cublasLtMatmulSearch_t mode) const {
+    cublasLtMatmulPreference_t pref = nullptr;
+    check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    const uint64_t bytes = kWorkspaceBytes;
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof bytes),
+          "MAX_WORKSPACE_BYTES");
+    const uint32_t search = mode;
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &search, sizeof search),
+          "SEARCH_MODE");
+    return pref;
+  }
+
+  // The heuristic's answers: its overall best (algo_id < 0) or the best of one algorithm id.
+  std::vector<cublasLtMatmulAlgo_t> heuristic(const Product& p, int algo_id) const {
+    cublasLtMatmulPreference_t pref =
+        preference(algo_id < 0 ? CUBLASLT_SEARCH_BEST_FIT : CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID);
+    std::vector<cublasLtMatmulHeuristicResult_t> found(kHeuristicCandidates);
+    if (algo_id >= 0 &&
+        cublasLtMatmulAlgoInit(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF,
+                               CUDA_R_16BF, algo_id, &found[0].algo) != CUBLAS_STATUS_SUCCESS) {
+      cublasLtMatmulPreferenceDestroy(pref);
+      return {};
+    }
+    int count = 0;
+    std::vector<cublasLtMatmulAlgo_t> algos;
+    if (cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.la, p.lb, p.ld, p.ld, pref, kHeuristicCandidates, found.data(),
+                                       &count) == CUBLAS_STATUS_SUCCESS) {
+      for (int i = 0; i < count; ++i)
+        if (found[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS)
+          algos.push_back(found[static_cast<size_t>(i)].algo);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return algos;
+  }
+
+  // Every configuration of `base`'s algorithm id that cuBLASLt accepts for the product (split-K off).
+  std::vector<cublasLtMatmulAlgo_t> neighbourhood(const Product& p, const cublasLtMatmulAlgo_t& base) const {
+    const std::vector<uint32_t> tiles = capabilityList(base, CUBLASLT_ALGO_CAP_TILE_IDS);
+    const std::vector<uint32_t> stages = capabilityList(base, CUBLASLT_ALGO_CAP_STAGES_IDS);
+    const int32_t custom_max = capabilityValue(base, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX);
+    const bool swizzles = capabilityValue(base, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT) != 0;
+    // Cluster shapes of up to four blocks, and cuBLASLt's own choice (AUTO).
+    const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO,  CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                                 CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1,
+                                 CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
+                                 CUBLASLT_CLUSTER_SHAPE_1x4x1};
+    const uint16_t inner = configOf(base).inner;
+    std::vector<cublasLtMatmulAlgo_t> accepted;
+    for (const uint32_t tile : tiles) {
+      for (const uint32_t stage : stages) {
+        for (const uint16_t cluster : clusters) {
+          for (uint32_t swizzle = 0; swizzle <= (swizzles ? 1u : 0u); ++swizzle) {
+            for (uint32_t custom = 0; custom <= static_cast<uint32_t>(custom_max); ++custom) {
+              cublasLtMatmulAlgo_t algo = base;
+              const int32_t split = 1;
+              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile);
+              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stage, sizeof stage);
+              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                                   sizeof cluster);
+              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &inner, sizeof inner);
+              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle);
+              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom);
+              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split);
+              cublasLtMatmulHeuristicResult_t result{};
+              if (cublasLtMatmulAlgoCheck(handle, p.desc, p.la, p.lb, p.ld, p.ld, &algo, &result) ==
+                      CUBLAS_STATUS_SUCCESS &&
+                  result.workspaceSize <= kWorkspaceBytes)
+                accepted.push_back(algo);
+            }
+          }
+        }
+      }
+    }
+    return accepted;
+  }
+};
+
+struct Candidate {
+  cublasLtMatmulAlgo_t algo;
+  Config config;
+  float ms;
+  const char* source;
+};
+
+// Random bf16 values in [-0.5, 0.5), drawn on the host from a hash of the index.
+void* randomDeviceBf16(size_t count, uint32_t seed) {
+  std::vector<__nv_bfloat16> values(count);
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    values[i] = __float2bfloat16(static_cast<float>(x & 0xffffu) / 65536.0f - 0.5f);
+  }
+  void* device = nullptr;
+  check(cudaMalloc(&device, count * sizeof(__nv_bfloat16)), "cudaMalloc");
+  check(cudaMemcpy(device, values.data(), count * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice), "cudaMemcpy");
+  return device;
+}
+
+std::vector<float> hostFloats(const void* device, size_t count) {
+  std::vector<__nv_bfloat16> narrow(count);
+  check(cudaMemcpy(narrow.data(), device, count * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  std::vector<float> wide(count);
+  std::transform(narrow.begin(), narrow.end(), wide.begin(), [](__nv_bfloat16 v) { return __bfloat162float(v); });
+  return wide;
+}
+
+// Searches one product and prints its row.
+void searchProduct(const Searcher& s, Product& p, int budget) {
+  describeProduct(p);
+  std::map<std::array<int64_t, 8>, Candidate> seen;
+  // Times `algo` unless a candidate of the same configuration was; true when it was new.
+  auto consider = [&](const cublasLtMatmulAlgo_t& algo, const char* source, int launches) {
+    const Config config = configOf(algo);
+    if (seen.count(config.key())) return false;
+    seen.emplace(config.key(), Candidate{algo, config, s.time(p, algo, launches), source});
+    return true;
+  };
+  const std::vector<cublasLtMatmulAlgo_t> offered = s.heuristic(p, -1);
+  if (offered.empty()) {
+    std::printf("| %s | no algorithm | | | | | |\n", p.name);
+    releaseProduct(p);
+    return;
+  }
+  for (const cublasLtMatmulAlgo_t& algo : offered) consider(algo, "heuristic", 5);
+  auto best_of = [&](const char* only_source) {
+    const Candidate* best = nullptr;
+    for (const auto& [key, c] : seen)
+      if (c.ms > 0 && (only_source == nullptr || std::strcmp(c.source, only_source) == 0) &&
+          (best == nullptr || c.ms < best->ms))
+        best = &c;
+    return best;
+  };
+  const Candidate heuristic_best = *best_of("heuristic");
+  std::printf("# %s: the heuristic's best of %zu: %s\n", p.name, offered.size(),
+              describe(heuristic_best.config).c_str());
+
+  std::vector<int> ids(kMaxAlgorithmIds);
+  int id_count = 0;
+  check(cublasLtMatmulAlgoGetIds(s.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF,
+                                 CUDA_R_16BF, kMaxAlgorithmIds, ids.data(), &id_count),
+        "cublasLtMatmulAlgoGetIds");
+  for (int i = 0; i < id_count; ++i)
+    for (const cublasLtMatmulAlgo_t& algo : s.heuristic(p, ids[static_cast<size_t>(i)]))
+      consider(algo, "per-id heuristic", 3);
+
+  // Every accepted configuration of the fastest algorithm ids so far, the fastest id first.
+  std::vector<const Candidate*> by_speed;
+  for (const auto& [key, c] : seen)
+    if (c.ms > 0) by_speed.push_back(&c);
+  std::sort(by_speed.begin(), by_speed.end(), [](const Candidate* x, const Candidate* y) { return x->ms < y->ms; });
+  std::vector<int32_t> searched_ids;
+  std::vector<cublasLtMatmulAlgo_t> bases;
+  for (const Candidate* c : by_speed) {
+    if (std::find(searched_ids.begin(), searched_ids.end(), c->config.id) != searched_ids.end()) continue;
+    searched_ids.push_back(c->config.id);
+    bases.push_back(c->algo);
+    if (searched_ids.size() == 2) break;
+  }
+  int accepted = 0, timed = 0;
+  for (const cublasLtMatmulAlgo_t& base : bases) {
+    for (const cublasLtMatmulAlgo_t& algo : s.neighbourhood(p, base)) {
+      ++accepted;
+      if (timed >= budget) continue;
+      timed += consider(algo, "enumerated", 2) ? 1 : 0;
+    }
+  }
+
+  // Retime the heuristic's best against the search's three best, alternating, five rounds.
+  std::vector<Candidate> finalists{heuristic_best};
+  by_speed.clear();
+  for (const auto& [key, c] : seen)
+    if (c.ms > 0 && c.config.key() != heuristic_best.config.key()) by_speed.push_back(&c);
+  std::sort(by_speed.begin(), by_speed.end(), [](const Candidate* x, const Candidate* y) { return x->ms < y->ms; });
+  for (size_t i = 0; i < by_speed.size() && i < 3; ++i) finalists.push_back(*by_speed[i]);
+  std::vector<std::vector<float>> rounds(finalists.size());
+  for (int round = 0; round < 5; ++round)
+    for (size_t i = 0; i < finalists.size(); ++i) rounds[i].push_back(s.time(p, finalists[i].algo, 5));
+  auto median = [](std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  size_t winner = 0;
+  for (size_t i = 1; i < finalists.size(); ++i)
+    if (median(rounds[i]) > 0 && median(rounds[i]) < median(rounds[winner])) winner = i;
+
+  // The winner's result against the heuristic's best (both fp32 accumulation, split-K off).
+  const size_t elements = static_cast<size_t>(p.rows * p.cols);
+  check(s.launch(p, heuristic_best.algo) ? 0 : 1, "heuristic launch");
+  const std::vector<float> reference = hostFloats(p.d, elements);
+  check(s.launch(p, finalists[winner].algo) ? 0 : 1, "winner launch");
+  const std::vector<float> result = hostFloats(p.d, elements);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < elements; ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(result[i] - reference[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(reference[i])));
+  }
+  const double flop = 2.0 * static_cast<double>(p.rows) * static_cast<double>(p.cols) * static_cast<double>(p.depth);
+  const float h_ms = median(rounds[0]), w_ms = median(rounds[winner]);
+  std::printf("| %s | %zu | %d / %d | %.3f (%.0f TFLOP/s) | %.3f (%.0f) | %.3fx | %s: %s | %.2g |\n", p.name,
+              seen.size(), accepted, timed, h_ms, flop / h_ms / 1e9, w_ms, flop / w_ms / 1e9, h_ms / w_ms,
+              finalists[winner].source, describe(finalists[winner].config).c_str(), worst / std::max(scale, 1e-30));
+  std::fflush(stdout);
+  releaseProduct(p);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t m = argc > 1 ? std::stoll(argv[1]) : 2048;
+  const int64_t e = argc > 2 ? std::stoll(argv[2]) : 12288;
+  const int budget = argc > 3 ? std::stoi(argv[3]) : 400;
+  Searcher s;
+  check(cublasLtCreate(&s.handle), "cublasLtCreate");
+  check(cudaMalloc(&s.workspace, kWorkspaceBytes), "cudaMalloc");
+  check(cudaEventCreate(&s.start), "cudaEventCreate");
+  check(cudaEventCreate(&s.stop), "cudaEventCreate");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("# %s, cuBLASLt %zu; the layer's GEMMs at tokens=%lld e=%lld, bf16, fp32 compute\n", prop.name,
+              cublasLtGetVersion(), static_cast<long long>(m), static_cast<long long>(e));
+  std::printf(
+      "# ms: medians of 5 alternating rounds of 5 launches; error: max |winner - heuristic| / max |heuristic|\n");
+  std::printf(
+      "| product | candidates | enumerated accepted / timed | heuristic's best ms | search's best ms | "
+      "ratio | winner | error |\n|---|---|---|---|---|---|---|---|\n");
+  struct Linear {
+    const char* name;
+    int64_t n, k;  // W [n, k]: outputs by inputs, row-major as torch's linear
+  };
+  const Linear linears[] = {{"qkv", 3 * e, e}, {"out-proj", e, e}, {"fc1", 4 * e, e}, {"fc2", e, 4 * e}};
+  for (const Linear& w : linears) {
+    void* x = randomDeviceBf16(static_cast<size_t>(m * w.k), 1);
+    void* weight = randomDeviceBf16(static_cast<size_t>(w.n * w.k), 2);
+    void* dy = randomDeviceBf16(static_cast<size_t>(m * w.n), 3);
+    void* out = nullptr;
+    check(cudaMalloc(&out, static_cast<size_t>(std::max({m * w.n, m * w.k, w.n * w.k})) * sizeof(__nv_bfloat16)),
+          "cudaMalloc");
+    // Row-major [r, c] is column-major [c, r]. y [m, n] = x W^T: D [n, m] = W^T(col [k, n], T) * x (col [k, m]).
+    const std::string forward = std::string(w.name) + " y=xW^T";
+    const std::string input_grad = std::string(w.name) + " dx=dyW";
+    const std::string weight_grad = std::string(w.name) + " dW=dy^Tx";
+    Product y{forward.c_str(), w.n, m, w.k, true, false, weight, x, out};
+    searchProduct(s, y, budget);
+    // dx [m, k] = dy [m, n] W [n, k]: D [k, m] = W (col [k, n]) * dy (col [n, m]).
+    Product dx{input_grad.c_str(), w.k, m, w.n, false, false, weight, dy, out};
+    searchProduct(s, dx, budget);
+    // dW [n, k] = dy^T x: D [k, n] = x (col [k, m]) * dy^T (col [n, m], T).
+    Product dw{weight_grad.c_str(), w.k, w.n, m, false, true, x, dy, out};
+    searchProduct(s, dw, budget);
+    for (void* ptr : {x, weight, dy, out}) cudaFree(ptr);
+  }
+  cudaEventDestroy(s.start);
+  cudaEventDestroy(s.stop);
+  cudaFree(s.workspace);
+  cublasLtDestroy(s.handle);
+  return 0;
+}
