@@ -1,20 +1,23 @@
 // Probe: does cuBLASLt hold a faster kernel for the transformer layer's GEMMs than the best of the
 // eight its heuristic offers, which is what meshfuse's autotuner times (`MESHFUSE_MATMUL_AUTOTUNE`)?
 // The layer's GEMMs are about 90% of each pass on one GPU, so they decide the issue-14 aims there;
-// session 23 found the heuristic never offers more than eight (BENCHMARKS.md).
+// session 23 found the heuristic never offers more than eight (BENCHMARKS.md), and session 29's first
+// run found the heuristic asked one algorithm id at a time (CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID) adds
+// none, but configurations of the same algorithm id (tile, cluster shape, custom option) up to 1.11x
+// faster than the best of the eight.
 //
 // For each of the GPT-3 layer's twelve products (forward x W^T, input gradient dy W, weight gradient
 // dy^T x, for qkv, the out-projection, fc1 and fc2; bf16 operands and output, fp32 compute, in the
-// transposes meshfuse hands cuBLASLt) it times, on the same operands:
-//   1. the heuristic's first eight algorithms (the autotuner's candidates);
-//   2. the heuristic's best configurations of every algorithm id, one id at a time
-//      (CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID);
-//   3. every configuration cublasLtMatmulAlgoCheck accepts around the fastest so far: its algorithm
-//      id with each tile, stage count, cluster shape, swizzle and custom option (split-K off),
-//      up to a budget of configurations a product;
-// then retimes the heuristic's best against the search's three best in alternating rounds (the GPU's
-// clock moves by more than the differences sought) and checks the winner's result against the
-// heuristic's. Built with CUDA (target probe_cublaslt_algo_search):
+// transposes meshfuse hands cuBLASLt) it times, on the same operands, candidate sets that grow:
+//   1. the heuristic's eight (the autotuner's candidates today);
+//   2. with the heuristic's configurations for the same shape under the other transposes;
+//   3. with every product's heuristic configurations (the pool a process gathers as it tunes);
+//   4. with an even sample of every configuration cublasLtMatmulAlgoCheck accepts for the
+//      heuristic's first algorithm id (each tile, stage count, cluster shape, swizzle and custom
+//      option, split-K off), up to a budget a product;
+// then retimes each set's best in alternating rounds (the GPU's clock moves by more than the
+// differences sought) and checks the enumerated best's result against the heuristic's. Built with
+// CUDA (target probe_cublaslt_algo_search):
 //   build/benchmarks/probe_cublaslt_algo_search [tokens [hidden [budget]]]   (default 2048 12288 400)
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -28,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,7 +45,6 @@ void check(int status, const char* what) {
 
 constexpr size_t kWorkspaceBytes = size_t{64} << 20;
 constexpr int kHeuristicCandidates = 8;
-constexpr int kMaxAlgorithmIds = 128;
 
 // The configuration fields that name a kernel (cublasLtMatmulAlgoConfigAttributes_t), for printing
 // and for telling candidates apart.
@@ -158,29 +161,14 @@ struct Searcher {
     return ms / static_cast<float>(launches);
   }
 
-  cublasLtMatmulPreference_t preference(cublasLtMatmulSearch_t mode) const {
+  // The heuristic's first kHeuristicCandidates algorithms for the product.
+  std::vector<cublasLtMatmulAlgo_t> heuristic(const Product& p) const {
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const uint64_t bytes = kWorkspaceBytes;
     check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof bytes),
           "MAX_WORKSPACE_BYTES");
-    const uint32_t search = mode;
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &search, sizeof search),
-          "SEARCH_MODE");
-    return pref;
-  }
-
-  // The heuristic's answers: its overall best (algo_id < 0) or the best of one algorithm id.
-  std::vector<cublasLtMatmulAlgo_t> heuristic(const Product& p, int algo_id) const {
-    cublasLtMatmulPreference_t pref =
-        preference(algo_id < 0 ? CUBLASLT_SEARCH_BEST_FIT : CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID);
     std::vector<cublasLtMatmulHeuristicResult_t> found(kHeuristicCandidates);
-    if (algo_id >= 0 &&
-        cublasLtMatmulAlgoInit(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF,
-                               CUDA_R_16BF, algo_id, &found[0].algo) != CUBLAS_STATUS_SUCCESS) {
-      cublasLtMatmulPreferenceDestroy(pref);
-      return {};
-    }
     int count = 0;
     std::vector<cublasLtMatmulAlgo_t> algos;
     if (cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.la, p.lb, p.ld, p.ld, pref, kHeuristicCandidates, found.data(),
@@ -235,13 +223,6 @@ struct Searcher {
   }
 };
 
-struct Candidate {
-  cublasLtMatmulAlgo_t algo;
-  Config config;
-  float ms;
-  const char* source;
-};
-
 // Random bf16 values in [-0.5, 0.5), drawn on the host from a hash of the index.
 void* randomDeviceBf16(size_t count, uint32_t seed) {
   std::vector<__nv_bfloat16> values(count);
@@ -266,90 +247,106 @@ std::vector<float> hostFloats(const void* device, size_t count) {
   return wide;
 }
 
-// Searches one product and prints its row.
-void searchProduct(const Searcher& s, Product& p, int budget) {
-  describeProduct(p);
-  std::map<std::array<int64_t, 8>, Candidate> seen;
-  // Times `algo` unless a candidate of the same configuration was; true when it was new.
-  auto consider = [&](const cublasLtMatmulAlgo_t& algo, const char* source, int launches) {
-    const Config config = configOf(algo);
-    if (seen.count(config.key())) return false;
-    seen.emplace(config.key(), Candidate{algo, config, s.time(p, algo, launches), source});
-    return true;
-  };
-  const std::vector<cublasLtMatmulAlgo_t> offered = s.heuristic(p, -1);
-  if (offered.empty()) {
-    std::printf("| %s | no algorithm | | | | | |\n", p.name);
-    releaseProduct(p);
-    return;
-  }
-  for (const cublasLtMatmulAlgo_t& algo : offered) consider(algo, "heuristic", 5);
-  auto best_of = [&](const char* only_source) {
-    const Candidate* best = nullptr;
-    for (const auto& [key, c] : seen)
-      if (c.ms > 0 && (only_source == nullptr || std::strcmp(c.source, only_source) == 0) &&
-          (best == nullptr || c.ms < best->ms))
-        best = &c;
-    return best;
-  };
-  const Candidate heuristic_best = *best_of("heuristic");
-  std::printf("# %s: the heuristic's best of %zu: %s\n", p.name, offered.size(),
-              describe(heuristic_best.config).c_str());
+// The configuration `c` for `p`, if cuBLASLt accepts it there (its workspace within the limit).
+std::optional<cublasLtMatmulAlgo_t> configured(const Searcher& s, const Product& p, const Config& c) {
+  cublasLtMatmulAlgo_t algo{};
+  if (cublasLtMatmulAlgoInit(s.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF,
+                             CUDA_R_16BF, c.id, &algo) != CUBLAS_STATUS_SUCCESS)
+    return std::nullopt;
+  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof c.tile);
+  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &c.stages, sizeof c.stages);
+  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &c.cluster, sizeof c.cluster);
+  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &c.inner, sizeof c.inner);
+  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &c.swizzle, sizeof c.swizzle);
+  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &c.custom, sizeof c.custom);
+  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &c.split_k, sizeof c.split_k);
+  cublasLtMatmulHeuristicResult_t result{};
+  if (cublasLtMatmulAlgoCheck(s.handle, p.desc, p.la, p.lb, p.ld, p.ld, &algo, &result) != CUBLAS_STATUS_SUCCESS ||
+      result.workspaceSize > kWorkspaceBytes)
+    return std::nullopt;
+  return algo;
+}
 
-  std::vector<int> ids(kMaxAlgorithmIds);
-  int id_count = 0;
-  check(cublasLtMatmulAlgoGetIds(s.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF,
-                                 CUDA_R_16BF, kMaxAlgorithmIds, ids.data(), &id_count),
-        "cublasLtMatmulAlgoGetIds");
-  for (int i = 0; i < id_count; ++i)
-    for (const cublasLtMatmulAlgo_t& algo : s.heuristic(p, ids[static_cast<size_t>(i)]))
-      consider(algo, "per-id heuristic", 3);
-
-  // Every accepted configuration of the fastest algorithm ids so far, the fastest id first.
-  std::vector<const Candidate*> by_speed;
-  for (const auto& [key, c] : seen)
-    if (c.ms > 0) by_speed.push_back(&c);
-  std::sort(by_speed.begin(), by_speed.end(), [](const Candidate* x, const Candidate* y) { return x->ms < y->ms; });
-  std::vector<int32_t> searched_ids;
-  std::vector<cublasLtMatmulAlgo_t> bases;
-  for (const Candidate* c : by_speed) {
-    if (std::find(searched_ids.begin(), searched_ids.end(), c->config.id) != searched_ids.end()) continue;
-    searched_ids.push_back(c->config.id);
-    bases.push_back(c->algo);
-    if (searched_ids.size() == 2) break;
-  }
-  int accepted = 0, timed = 0;
-  for (const cublasLtMatmulAlgo_t& base : bases) {
-    for (const cublasLtMatmulAlgo_t& algo : s.neighbourhood(p, base)) {
-      ++accepted;
-      if (timed >= budget) continue;
-      timed += consider(algo, "enumerated", 2) ? 1 : 0;
+// The heuristic's configurations for the product with each of the four transpose pairs (the
+// kernels cuBLASLt picks for the same shape with its operands laid out otherwise).
+std::vector<Config> siblingConfigs(const Searcher& s, const Product& p) {
+  std::vector<Config> configs;
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      Product sibling = p;
+      sibling.transpose_a = ta;
+      sibling.transpose_b = tb;
+      describeProduct(sibling);
+      for (const cublasLtMatmulAlgo_t& algo : s.heuristic(sibling)) configs.push_back(configOf(algo));
+      releaseProduct(sibling);
     }
   }
+  return configs;
+}
 
-  // Retime the heuristic's best against the search's three best, alternating, five rounds.
-  std::vector<Candidate> finalists{heuristic_best};
-  by_speed.clear();
-  for (const auto& [key, c] : seen)
-    if (c.ms > 0 && c.config.key() != heuristic_best.config.key()) by_speed.push_back(&c);
-  std::sort(by_speed.begin(), by_speed.end(), [](const Candidate* x, const Candidate* y) { return x->ms < y->ms; });
-  for (size_t i = 0; i < by_speed.size() && i < 3; ++i) finalists.push_back(*by_speed[i]);
-  std::vector<std::vector<float>> rounds(finalists.size());
+// The strategies compared, each a candidate set growing on the one before: the heuristic's eight
+// (meshfuse's autotuner today); with the siblings' configurations; with every product's heuristic
+// configurations (a pool a process would gather as it tunes); with an even sample of every
+// configuration of the heuristic's algorithm id.
+constexpr const char* kStrategies[] = {"heuristic 8", "+ siblings", "+ pool", "+ enumerated"};
+constexpr int kStrategyCount = 4;
+
+struct Candidate {
+  cublasLtMatmulAlgo_t algo;
+  Config config;
+  float ms;
+  int strategy;
+};
+
+// Searches one product and prints its row: each strategy's best, retimed in alternating rounds.
+void searchProduct(const Searcher& s, Product& p, const std::vector<Config>& pool, int budget) {
+  std::map<std::array<int64_t, 8>, Candidate> seen;
+  // Times `algo` unless a candidate of the same configuration was; true when it was new.
+  auto consider = [&](const cublasLtMatmulAlgo_t& algo, int strategy, int launches) {
+    const Config config = configOf(algo);
+    if (seen.count(config.key())) return false;
+    seen.emplace(config.key(), Candidate{algo, config, s.time(p, algo, launches), strategy});
+    return true;
+  };
+  auto consider_config = [&](const Config& c, int strategy) {
+    if (seen.count(c.key())) return false;
+    const std::optional<cublasLtMatmulAlgo_t> algo = configured(s, p, c);
+    return algo && consider(*algo, strategy, 3);
+  };
+  const std::vector<cublasLtMatmulAlgo_t> offered = s.heuristic(p);
+  if (offered.empty()) {
+    std::printf("| %s | no algorithm |\n", p.name);
+    return;
+  }
+  for (const cublasLtMatmulAlgo_t& algo : offered) consider(algo, 0, 5);
+  int added[kStrategyCount] = {static_cast<int>(seen.size()), 0, 0, 0};
+  for (const Config& c : siblingConfigs(s, p)) added[1] += consider_config(c, 1) ? 1 : 0;
+  for (const Config& c : pool) added[2] += consider_config(c, 2) ? 1 : 0;
+  // An even sample (every stride-th) of the heuristic's first algorithm's accepted configurations.
+  const std::vector<cublasLtMatmulAlgo_t> space = s.neighbourhood(p, offered.front());
+  const size_t stride = std::max<size_t>(1, space.size() / static_cast<size_t>(std::max(budget, 1)));
+  for (size_t i = 0; i < space.size() && added[3] < budget; i += stride) added[3] += consider(space[i], 3, 2) ? 1 : 0;
+
+  // Each strategy's best (over its own and the earlier strategies' candidates), retimed together.
+  std::vector<const Candidate*> finalists;
+  for (int strategy = 0; strategy < kStrategyCount; ++strategy) {
+    const Candidate* best = nullptr;
+    for (const auto& [key, c] : seen)
+      if (c.ms > 0 && c.strategy <= strategy && (best == nullptr || c.ms < best->ms)) best = &c;
+    finalists.push_back(best);
+  }
+  std::vector<std::vector<float> > rounds(finalists.size());
   for (int round = 0; round < 5; ++round)
-    for (size_t i = 0; i < finalists.size(); ++i) rounds[i].push_back(s.time(p, finalists[i].algo, 5));
+    for (size_t i = 0; i < finalists.size(); ++i) rounds[i].push_back(s.time(p, finalists[i]->algo, 5));
   auto median = [](std::vector<float> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  size_t winner = 0;
-  for (size_t i = 1; i < finalists.size(); ++i)
-    if (median(rounds[i]) > 0 && median(rounds[i]) < median(rounds[winner])) winner = i;
-
-  // The winner's result against the heuristic's best (both fp32 accumulation, split-K off).
+  // The enumerated best's result against the heuristic's (both fp32 accumulation, split-K off).
   const size_t elements = static_cast<size_t>(p.rows * p.cols);
-  check(s.launch(p, heuristic_best.algo) ? 0 : 1, "heuristic launch");
+  check(s.launch(p, finalists.front()->algo) ? 0 : 1, "heuristic launch");
   const std::vector<float> reference = hostFloats(p.d, elements);
-  check(s.launch(p, finalists[winner].algo) ? 0 : 1, "winner launch");
+  check(s.launch(p, finalists.back()->algo) ? 0 : 1, "best launch");
   const std::vector<float> result = hostFloats(p.d, elements);
   double worst = 0, scale = 0;
   for (size_t i = 0; i < elements; ++i) {
@@ -357,12 +354,16 @@ void searchProduct(const Searcher& s, Product& p, int budget) {
     scale = std::max(scale, static_cast<double>(std::fabs(reference[i])));
   }
   const double flop = 2.0 * static_cast<double>(p.rows) * static_cast<double>(p.cols) * static_cast<double>(p.depth);
-  const float h_ms = median(rounds[0]), w_ms = median(rounds[winner]);
-  std::printf("| %s | %zu | %d / %d | %.3f (%.0f TFLOP/s) | %.3f (%.0f) | %.3fx | %s: %s | %.2g |\n", p.name,
-              seen.size(), accepted, timed, h_ms, flop / h_ms / 1e9, w_ms, flop / w_ms / 1e9, h_ms / w_ms,
-              finalists[winner].source, describe(finalists[winner].config).c_str(), worst / std::max(scale, 1e-30));
+  const float heuristic_ms = median(rounds[0]);
+  // How common the fastest kernels are: the candidates whose first timing was within 2% of the best's.
+  int near_best = 0;
+  for (const auto& [key, c] : seen) near_best += c.ms > 0 && c.ms <= finalists.back()->ms * 1.02f ? 1 : 0;
+  std::printf("| %s | %.3f (%.0f TFLOP/s) |", p.name, heuristic_ms, flop / heuristic_ms / 1e9);
+  for (size_t i = 1; i < finalists.size(); ++i)
+    std::printf(" %.3fx (%d new) |", heuristic_ms / median(rounds[i]), added[i]);
+  std::printf(" %s | %d of %zu | %.2g |\n", describe(finalists.back()->config).c_str(), near_best, seen.size(),
+              worst / std::max(scale, 1e-30));
   std::fflush(stdout);
-  releaseProduct(p);
 }
 
 }  // namespace
@@ -381,15 +382,18 @@ int main(int argc, char** argv) {
   std::printf("# %s, cuBLASLt %zu; the layer's GEMMs at tokens=%lld e=%lld, bf16, fp32 compute\n", prop.name,
               cublasLtGetVersion(), static_cast<long long>(m), static_cast<long long>(e));
   std::printf(
-      "# ms: medians of 5 alternating rounds of 5 launches; error: max |winner - heuristic| / max |heuristic|\n");
-  std::printf(
-      "| product | candidates | enumerated accepted / timed | heuristic's best ms | search's best ms | "
-      "ratio | winner | error |\n|---|---|---|---|---|---|---|---|\n");
+      "# ms: medians of 5 alternating rounds of 5 launches; ratios: the heuristic's best over each strategy's "
+      "best; error: max |enumerated best - heuristic's| / max |heuristic's|\n| product | heuristic's best ms |");
+  for (int i = 1; i < kStrategyCount; ++i) std::printf(" %s |", kStrategies[i]);
+  std::printf(" the best configuration | within 2%% | error |\n|---|---|---|---|---|---|---|---|\n");
   struct Linear {
     const char* name;
     int64_t n, k;  // W [n, k]: outputs by inputs, row-major as torch's linear
   };
   const Linear linears[] = {{"qkv", 3 * e, e}, {"out-proj", e, e}, {"fc1", 4 * e, e}, {"fc2", e, 4 * e}};
+  std::vector<std::string> names;
+  std::vector<Product> products;
+  std::vector<void*> buffers;
   for (const Linear& w : linears) {
     void* x = randomDeviceBf16(static_cast<size_t>(m * w.k), 1);
     void* weight = randomDeviceBf16(static_cast<size_t>(w.n * w.k), 2);
@@ -397,20 +401,29 @@ int main(int argc, char** argv) {
     void* out = nullptr;
     check(cudaMalloc(&out, static_cast<size_t>(std::max({m * w.n, m * w.k, w.n * w.k})) * sizeof(__nv_bfloat16)),
           "cudaMalloc");
+    buffers.insert(buffers.end(), {x, weight, dy, out});
     // Row-major [r, c] is column-major [c, r]. y [m, n] = x W^T: D [n, m] = W^T(col [k, n], T) * x (col [k, m]).
-    const std::string forward = std::string(w.name) + " y=xW^T";
-    const std::string input_grad = std::string(w.name) + " dx=dyW";
-    const std::string weight_grad = std::string(w.name) + " dW=dy^Tx";
-    Product y{forward.c_str(), w.n, m, w.k, true, false, weight, x, out};
-    searchProduct(s, y, budget);
+    products.push_back(Product{nullptr, w.n, m, w.k, true, false, weight, x, out});
+    names.push_back(std::string(w.name) + " y=xW^T");
     // dx [m, k] = dy [m, n] W [n, k]: D [k, m] = W (col [k, n]) * dy (col [n, m]).
-    Product dx{input_grad.c_str(), w.k, m, w.n, false, false, weight, dy, out};
-    searchProduct(s, dx, budget);
+    products.push_back(Product{nullptr, w.k, m, w.n, false, false, weight, dy, out});
+    names.push_back(std::string(w.name) + " dx=dyW");
     // dW [n, k] = dy^T x: D [k, n] = x (col [k, m]) * dy^T (col [n, m], T).
-    Product dw{weight_grad.c_str(), w.k, w.n, m, false, true, x, dy, out};
-    searchProduct(s, dw, budget);
-    for (void* ptr : {x, weight, dy, out}) cudaFree(ptr);
+    products.push_back(Product{nullptr, w.k, w.n, m, false, true, x, dy, out});
+    names.push_back(std::string(w.name) + " dW=dy^Tx");
   }
+  // The pool: every product's heuristic configurations.
+  std::vector<Config> pool;
+  for (size_t i = 0; i < products.size(); ++i) {
+    products[i].name = names[i].c_str();
+    describeProduct(products[i]);
+    for (const cublasLtMatmulAlgo_t& algo : s.heuristic(products[i])) pool.push_back(configOf(algo));
+  }
+  for (Product& p : products) {
+    searchProduct(s, p, pool, budget);
+    releaseProduct(p);
+  }
+  for (void* ptr : buffers) cudaFree(ptr);
   cudaEventDestroy(s.start);
   cudaEventDestroy(s.stop);
   cudaFree(s.workspace);
