@@ -35,15 +35,10 @@
 #include <string>
 #include <vector>
 
+#include "cublaslt_probe.h"
+
 namespace {
 
-void check(int status, const char* what) {
-  if (status == 0) return;
-  std::fprintf(stderr, "%s failed: status %d\n", what, status);
-  std::exit(1);
-}
-
-constexpr size_t kWorkspaceBytes = size_t{64} << 20;
 constexpr int kHeuristicCandidates = 8;
 
 // The configuration fields that name a kernel (cublasLtMatmulAlgoConfigAttributes_t), for printing
@@ -223,30 +218,6 @@ struct Searcher {
   }
 };
 
-// Random bf16 values in [-0.5, 0.5), drawn on the host from a hash of the index.
-void* randomDeviceBf16(size_t count, uint32_t seed) {
-  std::vector<__nv_bfloat16> values(count);
-  for (size_t i = 0; i < count; ++i) {
-    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    values[i] = __float2bfloat16(static_cast<float>(x & 0xffffu) / 65536.0f - 0.5f);
-  }
-  void* device = nullptr;
-  check(cudaMalloc(&device, count * sizeof(__nv_bfloat16)), "cudaMalloc");
-  check(cudaMemcpy(device, values.data(), count * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice), "cudaMemcpy");
-  return device;
-}
-
-std::vector<float> hostFloats(const void* device, size_t count) {
-  std::vector<__nv_bfloat16> narrow(count);
-  check(cudaMemcpy(narrow.data(), device, count * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost), "cudaMemcpy");
-  std::vector<float> wide(count);
-  std::transform(narrow.begin(), narrow.end(), wide.begin(), [](__nv_bfloat16 v) { return __bfloat162float(v); });
-  return wide;
-}
-
 // The configuration `c` for `p`, if cuBLASLt accepts it there (its workspace within the limit).
 std::optional<cublasLtMatmulAlgo_t> configured(const Searcher& s, const Product& p, const Config& c) {
   cublasLtMatmulAlgo_t algo{};
@@ -395,9 +366,9 @@ int main(int argc, char** argv) {
   std::vector<Product> products;
   std::vector<void*> buffers;
   for (const Linear& w : linears) {
-    void* x = randomDeviceBf16(static_cast<size_t>(m * w.k), 1);
-    void* weight = randomDeviceBf16(static_cast<size_t>(w.n * w.k), 2);
-    void* dy = randomDeviceBf16(static_cast<size_t>(m * w.n), 3);
+    void* x = deviceCopy(randomBf16(static_cast<size_t>(m * w.k), 1));
+    void* weight = deviceCopy(randomBf16(static_cast<size_t>(w.n * w.k), 2));
+    void* dy = deviceCopy(randomBf16(static_cast<size_t>(m * w.n), 3));
     void* out = nullptr;
     check(cudaMalloc(&out, static_cast<size_t>(std::max({m * w.n, m * w.k, w.n * w.k})) * sizeof(__nv_bfloat16)),
           "cudaMalloc");

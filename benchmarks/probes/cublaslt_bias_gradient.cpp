@@ -21,15 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "cublaslt_probe.h"
+
 namespace {
 
-void check(int status, const char* what) {
-  if (status == 0) return;
-  std::fprintf(stderr, "%s failed: status %d\n", what, status);
-  std::exit(1);
-}
-
-constexpr size_t kWorkspaceBytes = size_t{64} << 20;
 constexpr int kCandidates = 8;
 constexpr int kTimedLaunches = 3;
 
@@ -126,26 +121,6 @@ Timing timeBest(const Lt& lt, const Product& p) {
   return timing;
 }
 
-// Random bf16 values in [-0.5, 0.5), drawn on the host (a hash of the index, so no device code).
-std::vector<__nv_bfloat16> randomBf16(size_t count, uint32_t seed) {
-  std::vector<__nv_bfloat16> values(count);
-  for (size_t i = 0; i < count; ++i) {
-    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    values[i] = __float2bfloat16(static_cast<float>(x & 0xffffu) / 65536.0f - 0.5f);
-  }
-  return values;
-}
-
-void* deviceCopy(const std::vector<__nv_bfloat16>& host) {
-  void* device = nullptr;
-  check(cudaMalloc(&device, host.size() * sizeof(__nv_bfloat16)), "cudaMalloc");
-  check(cudaMemcpy(device, host.data(), host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice), "cudaMemcpy");
-  return device;
-}
-
 // The largest difference between the bias gradient on the device (fp32 or bf16) and dy's column
 // sums in float64.
 double biasGradientError(const std::vector<__nv_bfloat16>& dy, int64_t m, int64_t n, const void* device_bias,
@@ -154,10 +129,7 @@ double biasGradientError(const std::vector<__nv_bfloat16>& dy, int64_t m, int64_
   if (fp32) {
     check(cudaMemcpy(bias.data(), device_bias, bias.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
   } else {
-    std::vector<__nv_bfloat16> narrow(bias.size());
-    check(cudaMemcpy(narrow.data(), device_bias, narrow.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost),
-          "cudaMemcpy");
-    std::transform(narrow.begin(), narrow.end(), bias.begin(), [](__nv_bfloat16 v) { return __bfloat162float(v); });
+    bias = hostFloats(device_bias, bias.size());
   }
   double worst = 0;
   for (int64_t j = 0; j < n; ++j) {
