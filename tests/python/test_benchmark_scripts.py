@@ -160,3 +160,38 @@ def test_transformer_breakdown_counts_waiting_not_communications_in_flight(tmp_p
         bench.print_rank_balance(parts)
     assert printed.getvalue() == ("# per rank, forward / backward ms: rank 0 matmul 10.0 / 0.0, waiting 3.0 / 0.0; "
                                   "rank 1 matmul 12.0 / 0.0, waiting 0.0 / 0.0\n")
+
+
+def built_probe(name):
+    """The path of a C++ probe built in the GPU build (scripts/test-gpu's build-gpu) or the local one."""
+    for build in (os.environ.get("MESHFUSE_GPU_BUILD_DIR"), "build-gpu", "build"):
+        path = os.path.join(ROOT, build, "benchmarks", name) if build else None
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def run_probe(name, *args, timeout=120):
+    """A built C++ probe's standard output (skips where none is built); fails as run_script does."""
+    path = built_probe(name)
+    if path is None:
+        pytest.skip(f"{name} is not built (a CUDA build's target)")
+    run = subprocess.run([path, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert run.returncode == 0, f"{name} exited {run.returncode}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    return run.stdout
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs a CUDA GPU (and the probe built with CUDA)")
+def test_cublaslt_algo_search_probe_rows_every_product_and_checks_the_winner():
+    out = run_probe("probe_cublaslt_algo_search", "256", "256", "8")
+    rows = re.findall(r"^\| (\S+ \S+) \| [0-9.]+ \(.*\| ([0-9.eE+-]+) \|$", out, re.M)
+    assert len(rows) == 12, out  # four linears, three products each
+    assert max(float(error) for _, error in rows) < 1e-2, out  # the enumerated best computes the same product
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs a CUDA GPU (and the probe built with CUDA)")
+def test_cublaslt_bias_gradient_probe_checks_the_epilogue():
+    out = run_probe("probe_cublaslt_bias_gradient", "256", "256")
+    assert len(re.findall(r"^\| (qkv|out-projection|fc1|fc2) \| ", out, re.M)) == 12, out
+    errors = floats_after("against float64 column sums", out)
+    assert len(errors) <= 1 and all(e < 0.1 for e in errors), out  # bf16 rounds sums of about 5 to within 0.02
