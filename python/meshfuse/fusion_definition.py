@@ -305,6 +305,12 @@ class _Ops:
         return _C.ops.linear(self._tensor(x, "linear"), self._tensor(weight, "linear", "weight"), bias)
 
 
+# The modules of the torch types the fast input path takes: torch.Tensor and nn.Parameter (read
+# detached). Other subclasses (FakeTensor, DTensor, a user's) may override what DLPack exports, so
+# they get the general checks.
+_PLAIN_TORCH_MODULES = ("torch", "torch.nn.parameter")
+
+
 class FusionDefinition:
     """A program over global shapes. See the module docstring for the two ways to write one."""
 
@@ -512,7 +518,7 @@ class FusionDefinition:
                     return None
                 return _C.Tensor.from_dlpack(x.__dlpack__()), False
             if torch_dtypes and torch_dtypes.get(getattr(x, "dtype", None)) == dtype \
-                    and type(x).__module__ == "torch" and x.dim() == ndim \
+                    and type(x).__module__ in _PLAIN_TORCH_MODULES and x.dim() == ndim \
                     and (any_strides or x.is_contiguous()):
                 if x.requires_grad:  # read detached, as the general path does (_arrays.to_tensor says why)
                     x = x.detach()

@@ -265,8 +265,14 @@ def test_torch_fast_path_matches_and_rejects_what_it_cannot_take(device):
         fd.execute([x.double(), y])
     view = torch.randn(24, 16, device=device).t()
     assert fast_inputs(fd, [view, y]) == [True, True]  # the definition promises no layout: any strides do
-    # A tensor that requires grad (an nn.Parameter) is read detached on the fast path too.
+    # A tensor that requires grad, and an nn.Parameter, are read detached on the fast path too.
     assert fast_inputs(fd, [x.requires_grad_(True), y]) == [True, True]
+    assert fast_inputs(fd, [torch.nn.Parameter(x.detach()), y]) == [True, True]
+
+    class Subclass(torch.Tensor):  # may override what it exports: the general checks see it
+        pass
+
+    assert fast_inputs(fd, [x.detach().as_subclass(Subclass), y]) == [False, True]
     out, _ = fd.execute([view, y])
     torch.testing.assert_close(out, view + y.float(), rtol=1e-6, atol=1e-6)
 
