@@ -3,8 +3,9 @@
 // The layer's GEMMs are about 90% of each pass on one GPU, so they decide the issue-14 aims there;
 // session 23 found the heuristic never offers more than eight (BENCHMARKS.md), and session 29's first
 // run found the heuristic asked one algorithm id at a time (CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID) adds
-// none, but configurations of the same algorithm id (tile, cluster shape, custom option) up to 1.11x
-// faster than the best of the eight.
+// none, and configurations of the same algorithm id (tile, cluster shape, custom option) up to 1.11x
+// faster than the best of the eight; the second, retiming each candidate set's best alternately, found
+// those gains to be the GPU's run-to-run spread (0.84-1.07x): the autotuner keeps to the eight.
 //
 // For each of the GPT-3 layer's twelve products (forward x W^T, input gradient dy W, weight gradient
 // dy^T x, for qkv, the out-projection, fc1 and fc2; bf16 operands and output, fp32 compute, in the
@@ -175,47 +176,6 @@ struct Searcher {
     cublasLtMatmulPreferenceDestroy(pref);
     return algos;
   }
-
-  // Every configuration of `base`'s algorithm id that cuBLASLt accepts for the product (split-K off).
-  std::vector<cublasLtMatmulAlgo_t> neighbourhood(const Product& p, const cublasLtMatmulAlgo_t& base) const {
-    const std::vector<uint32_t> tiles = capabilityList(base, CUBLASLT_ALGO_CAP_TILE_IDS);
-    const std::vector<uint32_t> stages = capabilityList(base, CUBLASLT_ALGO_CAP_STAGES_IDS);
-    const int32_t custom_max = capabilityValue(base, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX);
-    const bool swizzles = capabilityValue(base, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT) != 0;
-    // Cluster shapes of up to four blocks, and cuBLASLt's own choice (AUTO).
-    const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO,  CUBLASLT_CLUSTER_SHAPE_1x1x1,
-                                 CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1,
-                                 CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
-                                 CUBLASLT_CLUSTER_SHAPE_1x4x1};
-    const uint16_t inner = configOf(base).inner;
-    std::vector<cublasLtMatmulAlgo_t> accepted;
-    for (const uint32_t tile : tiles) {
-      for (const uint32_t stage : stages) {
-        for (const uint16_t cluster : clusters) {
-          for (uint32_t swizzle = 0; swizzle <= (swizzles ? 1u : 0u); ++swizzle) {
-            for (uint32_t custom = 0; custom <= static_cast<uint32_t>(custom_max); ++custom) {
-              cublasLtMatmulAlgo_t algo = base;
-              const int32_t split = 1;
-              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile);
-              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stage, sizeof stage);
-              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
-                                                   sizeof cluster);
-              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &inner, sizeof inner);
-              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle);
-              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom);
-              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split);
-              cublasLtMatmulHeuristicResult_t result{};
-              if (cublasLtMatmulAlgoCheck(handle, p.desc, p.la, p.lb, p.ld, p.ld, &algo, &result) ==
-                      CUBLAS_STATUS_SUCCESS &&
-                  result.workspaceSize <= kWorkspaceBytes)
-                accepted.push_back(algo);
-            }
-          }
-        }
-      }
-    }
-    return accepted;
-  }
 };
 
 // The configuration `c` for `p`, if cuBLASLt accepts it there (its workspace within the limit).
@@ -236,6 +196,38 @@ std::optional<cublasLtMatmulAlgo_t> configured(const Searcher& s, const Product&
       result.workspaceSize > kWorkspaceBytes)
     return std::nullopt;
   return algo;
+}
+
+// Every configuration of `base`'s algorithm id that cuBLASLt accepts for the product (split-K off).
+std::vector<cublasLtMatmulAlgo_t> neighbourhood(const Searcher& s, const Product& p, const cublasLtMatmulAlgo_t& base) {
+  const std::vector<uint32_t> tiles = capabilityList(base, CUBLASLT_ALGO_CAP_TILE_IDS);
+  const std::vector<uint32_t> stages = capabilityList(base, CUBLASLT_ALGO_CAP_STAGES_IDS);
+  const int32_t custom_max = capabilityValue(base, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX);
+  const bool swizzles = capabilityValue(base, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT) != 0;
+  // Cluster shapes of up to four blocks, and cuBLASLt's own choice (AUTO).
+  const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO,  CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
+                               CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
+                               CUBLASLT_CLUSTER_SHAPE_1x4x1};
+  Config c = configOf(base);
+  c.split_k = 1;
+  std::vector<cublasLtMatmulAlgo_t> accepted;
+  for (const uint32_t tile : tiles) {
+    for (const uint32_t stage : stages) {
+      for (const uint16_t cluster : clusters) {
+        for (uint32_t swizzle = 0; swizzle <= (swizzles ? 1u : 0u); ++swizzle) {
+          for (uint32_t custom = 0; custom <= static_cast<uint32_t>(custom_max); ++custom) {
+            c.tile = tile;
+            c.stages = stage;
+            c.cluster = cluster;
+            c.swizzle = swizzle;
+            c.custom = custom;
+            if (const std::optional<cublasLtMatmulAlgo_t> algo = configured(s, p, c)) accepted.push_back(*algo);
+          }
+        }
+      }
+    }
+  }
+  return accepted;
 }
 
 // The heuristic's configurations for the product with each of the four transpose pairs (the
@@ -294,7 +286,7 @@ void searchProduct(const Searcher& s, Product& p, const std::vector<Config>& poo
   for (const Config& c : siblingConfigs(s, p)) added[1] += consider_config(c, 1) ? 1 : 0;
   for (const Config& c : pool) added[2] += consider_config(c, 2) ? 1 : 0;
   // An even sample (every stride-th) of the heuristic's first algorithm's accepted configurations.
-  const std::vector<cublasLtMatmulAlgo_t> space = s.neighbourhood(p, offered.front());
+  const std::vector<cublasLtMatmulAlgo_t> space = neighbourhood(s, p, offered.front());
   const size_t stride = std::max<size_t>(1, space.size() / static_cast<size_t>(std::max(budget, 1)));
   for (size_t i = 0; i < space.size() && added[3] < budget; i += stride) added[3] += consider(space[i], 3, 2) ? 1 : 0;
 
