@@ -54,6 +54,15 @@ def is_torch_tensor(obj):
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+def is_negative_view(obj):
+    """Whether obj is a torch tensor with the negative bit set (a lazily negated view, as
+    torch._neg_view and some autograd formulas make): its memory holds the values' negations, and
+    torch 1.13's DLPack exporter hands that memory out without a word, so meshfuse would read every
+    value with the wrong sign (torch 2 refuses to export it). Such a tensor is read resolved."""
+    is_neg = getattr(obj, "is_neg", None)  # torch >= 1.10
+    return is_neg is not None and is_torch_tensor(obj) and is_neg()
+
+
 def is_array(obj):
     """Whether obj can be an execute() tensor input."""
     return isinstance(obj, (np.ndarray, _C.Tensor)) or is_torch_tensor(obj) or hasattr(obj, "__dlpack__")
@@ -105,6 +114,8 @@ def to_tensor(obj):
         # (meshfuse.torch's autograd.Function does that), so it reads the data as nvFuser does: the
         # detached tensor shares the memory, and the outputs come back without grad.
         obj = obj.detach()
+    if is_negative_view(obj):
+        obj = obj.resolve_neg()  # a copy holding the values the view shows (is_negative_view says why)
     if _is_bool(obj) and not _exports_bool(obj):
         # numpy < 2 and torch < 2 cannot put bool in DLPack: pass the same bytes as uint8.
         return _C.Tensor.from_dlpack(dlpack_of(_uint8_view(obj)), uint8_as_bool=True)

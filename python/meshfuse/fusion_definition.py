@@ -519,12 +519,12 @@ class FusionDefinition:
                 return _C.Tensor.from_dlpack(x.__dlpack__()), False
             if torch_dtypes and torch_dtypes.get(getattr(x, "dtype", None)) == dtype \
                     and type(x).__module__ in _PLAIN_TORCH_MODULES and x.dim() == ndim \
-                    and (any_strides or x.is_contiguous()):
+                    and (any_strides or x.is_contiguous()) and not x.is_neg():
                 if x.requires_grad:  # read detached, as the general path does (_arrays.to_tensor says why)
                     x = x.detach()
                 return _C.Tensor.from_dlpack(_arrays.torch_dlpack_fast(x, default_streams)), True
-        except (TypeError, ValueError, BufferError, RuntimeError):  # torch's refusals are RuntimeErrors
-            return None  # the general checks say what is wrong
+        except (TypeError, ValueError, BufferError, RuntimeError, AttributeError):  # torch's refusals are
+            return None  # RuntimeErrors (AttributeError: a torch without is_neg); the general checks decide
         return None
 
     def _arguments(self, inputs):
