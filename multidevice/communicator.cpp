@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "backends/mpi/mpi_helpers.h"
+#include "multidevice/backend_plugins.h"
 #include "runtime/device_count.h"
 
 namespace meshfuse {
@@ -158,6 +159,7 @@ void Communicator::barrier() {
 }
 
 std::vector<CommunicatorBackend> Communicator::availableBackends() const {
+  loadBackendPlugins();  // before the lock: a plugin registers its backend as it loads
   std::lock_guard<std::mutex> lock(registryMutex());
   std::vector<CommunicatorBackend> types;
   for (const auto& [type, factory] : registry()) types.push_back(type);  // map order = enum order
@@ -166,6 +168,7 @@ std::vector<CommunicatorBackend> Communicator::availableBackends() const {
 
 bool Communicator::isAvailable(CommunicatorBackend type) const {
   if (type == CommunicatorBackend::Auto) return true;  // always resolves to something (MPI at least)
+  loadBackendPlugin(type);
   std::lock_guard<std::mutex> lock(registryMutex());
   return registry().count(type) != 0;
 }
@@ -207,6 +210,7 @@ Backend& Communicator::backend(CommunicatorBackend type, const std::vector<int64
     throw std::invalid_argument("Communicator::backend: rank " + std::to_string(rank_) + " is not in team " +
                                 teamToString(team) + "; only members may ask for the team's backend");
 
+  const std::string plugin_error = loadBackendPlugin(type);
   BackendFactory factory;
   {
     std::lock_guard<std::mutex> lock(registryMutex());
@@ -214,8 +218,9 @@ Backend& Communicator::backend(CommunicatorBackend type, const std::vector<int64
     if (it != registry().end()) factory = it->second.factory;
   }
   if (!factory)
-    throw std::invalid_argument("communicator backend '" + toString(type) +
-                                "' is not available in this build; available: " + availableList(availableBackends()));
+    throw std::invalid_argument("communicator backend '" + toString(type) + "' is not available in this build" +
+                                (plugin_error.empty() ? "" : " (" + plugin_error + ")") +
+                                "; available: " + availableList(availableBackends()));
 
   std::lock_guard<std::mutex> lock(mutex_);
   auto key = std::make_pair(type, team);
@@ -225,6 +230,7 @@ Backend& Communicator::backend(CommunicatorBackend type, const std::vector<int64
 }
 
 void Communicator::prepare(CommunicatorBackend type, std::chrono::milliseconds timeout) {
+  loadBackendPlugin(type);
   BackendWorldSetup setup;
   {
     std::lock_guard<std::mutex> lock(registryMutex());

@@ -35,9 +35,9 @@ def _check_backend(backend):
         raise TypeError(f"backend must be a CommunicatorBackend, got {type(backend).__name__}")
     if backend == CommunicatorBackend.auto:
         return
-    available = _C.Communicator.instance().available_backends()
-    if backend not in available:
-        names = ", ".join(b.name for b in available)
+    # is_available loads only this backend's plugin (UCC's loads UCX: backend_plugins.h says why).
+    if not _C.Communicator.instance().is_available(backend):
+        names = ", ".join(b.name for b in _C.Communicator.instance().available_backends())
         raise ValueError(f"communicator backend {backend.name} is not available in this build (available: {names})")
 
 
