@@ -24,9 +24,10 @@ struct Plugin {
   std::string error;  // why it could not be loaded; "" once loaded
 };
 
-}  // namespace
-
+// Whether `type` is built as a plugin (libmeshfuse_<name>.so beside libmeshfuse).
 bool isPluginBackend(CommunicatorBackend type) { return MESHFUSE_HAVE_UCC && type == CommunicatorBackend::Ucc; }
+
+}  // namespace
 
 std::string loadBackendPlugin(CommunicatorBackend type) {
   if (!isPluginBackend(type)) return "";

@@ -10,9 +10,6 @@
 
 namespace meshfuse {
 
-// Whether `type` is built as a plugin (libmeshfuse_<name>.so beside libmeshfuse).
-bool isPluginBackend(CommunicatorBackend type);
-
 // Loads the plugin of `type` once (a no-op for backends built into libmeshfuse, and after the
 // first call). Returns "" when it is loaded, else why not (the loader's message). Must not be
 // called with the registry's lock held: the plugin's initializer registers its backend.
