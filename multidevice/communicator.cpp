@@ -173,6 +173,12 @@ bool Communicator::isAvailable(CommunicatorBackend type) const {
   return registry().count(type) != 0;
 }
 
+std::string Communicator::whyUnavailable(CommunicatorBackend type) const {
+  if (isAvailable(type)) return "";
+  const std::string plugin_error = loadBackendPlugin(type);  // loaded (or failed) once: the same message
+  return "not available in this build" + (plugin_error.empty() ? "" : " (" + plugin_error + ")");
+}
+
 CommunicatorBackend chooseAutoBackend(DeviceType device_type, bool nccl_available, bool members_share_a_gpu) {
   if (device_type == DeviceType::CUDA && nccl_available && !members_share_a_gpu) return CommunicatorBackend::Nccl;
   return CommunicatorBackend::Mpi;
@@ -210,7 +216,7 @@ Backend& Communicator::backend(CommunicatorBackend type, const std::vector<int64
     throw std::invalid_argument("Communicator::backend: rank " + std::to_string(rank_) + " is not in team " +
                                 teamToString(team) + "; only members may ask for the team's backend");
 
-  const std::string plugin_error = loadBackendPlugin(type);
+  loadBackendPlugin(type);
   BackendFactory factory;
   {
     std::lock_guard<std::mutex> lock(registryMutex());
@@ -218,8 +224,7 @@ Backend& Communicator::backend(CommunicatorBackend type, const std::vector<int64
     if (it != registry().end()) factory = it->second.factory;
   }
   if (!factory)
-    throw std::invalid_argument("communicator backend '" + toString(type) + "' is not available in this build" +
-                                (plugin_error.empty() ? "" : " (" + plugin_error + ")") +
+    throw std::invalid_argument("communicator backend '" + toString(type) + "' is " + whyUnavailable(type) +
                                 "; available: " + availableList(availableBackends()));
 
   std::lock_guard<std::mutex> lock(mutex_);

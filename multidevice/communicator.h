@@ -58,6 +58,9 @@ class Communicator {
   // The backends compiled in and usable here (MPI always; Gloo, NCCL, CUDA when built).
   std::vector<CommunicatorBackend> availableBackends() const;
   bool isAvailable(CommunicatorBackend type) const;
+  // "" when `type` is available; else why, for an error message: "not available in this build", with
+  // the loader's message when the backend's plugin did not load (a wheel moved away from its UCC).
+  std::string whyUnavailable(CommunicatorBackend type) const;
   // Resolves `auto` for a team's tensors on `device` (chooseAutoBackend with the team's places on
   // their nodes, every node assumed to have as many GPUs as this one: the ranks' check that they
   // lowered the same program catches nodes that disagree). Without a team: the world's.

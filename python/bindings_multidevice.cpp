@@ -94,6 +94,8 @@ void bindMultidevice(py::module_& m) {
       .def("barrier", &Communicator::barrier, py::call_guard<py::gil_scoped_release>())
       .def("available_backends", &Communicator::availableBackends)
       .def("is_available", &Communicator::isAvailable, py::arg("backend"))
+      .def("why_unavailable", &Communicator::whyUnavailable, py::arg("backend"),
+           "'' when the backend is available, else why (a plugin that did not load says what the loader said)")
       .def_static("_exists", &Communicator::exists, "Whether instance() has run (asking does not start MPI)")
       .def(
           "_abort_job",

@@ -35,10 +35,11 @@ def _check_backend(backend):
         raise TypeError(f"backend must be a CommunicatorBackend, got {type(backend).__name__}")
     if backend == CommunicatorBackend.auto:
         return
-    # is_available loads only this backend's plugin (UCC's loads UCX: backend_plugins.h says why).
-    if not _C.Communicator.instance().is_available(backend):
+    # why_unavailable loads only this backend's plugin (UCC's loads UCX: backend_plugins.h says why).
+    why = _C.Communicator.instance().why_unavailable(backend)
+    if why:
         names = ", ".join(b.name for b in _C.Communicator.instance().available_backends())
-        raise ValueError(f"communicator backend {backend.name} is not available in this build (available: {names})")
+        raise ValueError(f"communicator backend {backend.name} is {why}; available: {names}")
 
 
 def _int_list(values, what):
