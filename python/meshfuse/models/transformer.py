@@ -16,8 +16,10 @@ Only inputs are annotated (and, for SP, the results of the row-parallel linears 
 masks, which fix where the sequence shards live); everything else follows by propagation.
 
     cfg = TransformerConfig(batch=1, sequence=2048, heads=96, hidden=12288, dtype=DataType.BFloat16)
-    fwd = TransformerForward(cfg, mesh, "tp")
-    outs = fwd.execute(fwd.shard_inputs(x, params, rank))
+    fwd = TransformerForward(cfg, mesh_for("tp", world_size), "tp")
+    outs = fwd.execute(shard_inputs(fwd, global_arrays, rank))   # global_arrays: {name: array}
+
+(docs/transformer.md has the whole program.)
 """
 from dataclasses import dataclass
 
