@@ -20,6 +20,7 @@ namespace meshfuse {
 
 struct FusionExecutorCache::Program {
   ReshardedFusion resharded;
+  std::vector<std::vector<int64_t>> output_shapes;  // global, symbolic extents bound (tensors; {} for scalars)
   std::unique_ptr<HostIrContainer> hic;
   std::unique_ptr<SegmentExecutor> executor;
 };
@@ -156,6 +157,10 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
       for (size_t i = 0; i < lowered.inputs().size(); ++i)
         if (lowered.inputs()[i]->isTensor()) input_shapes[lowered.inputs()[i]] = sig.global[i];
       GlobalShapes shapes = bindShapes(lowered, input_shapes);
+      for (const Val* out : lowered.outputs()) {
+        auto found = shapes.find(out);
+        program->output_shapes.push_back(found == shapes.end() ? std::vector<int64_t>{} : found->second);
+      }
       program->hic = HostIrLower(params.lower).lower(lowered, shapes, rank, device);
       program->executor = executorFor(device);
       if (debug::enabled(debug::Level::Info)) debug::info("lowered a new host program:\n" + program->hic->toString());
@@ -232,5 +237,20 @@ void FusionExecutorCache::reportInputError(const std::string& error, const Multi
 std::string FusionExecutorCache::lastHostIr() const { return last_ ? last_->hic->toString() : ""; }
 
 std::string FusionExecutorCache::lastLoweredFusion() const { return last_ ? last_->resharded.fusion->toString() : ""; }
+
+std::shared_ptr<Fusion> FusionExecutorCache::lastOutputShardings() const {
+  if (!last_) return nullptr;
+  auto placed = std::make_shared<Fusion>();
+  const Fusion& lowered = *last_->resharded.fusion;
+  for (size_t i = 0; i < lowered.outputs().size(); ++i) {
+    const auto* tv = static_cast<const TensorView*>(lowered.outputs()[i]);  // outputs are tensors (addOutput)
+    const std::vector<int64_t>& bound = last_->output_shapes[i];
+    TensorView* copy = placed->newTensor(tv->dtype(), bound.empty() ? tv->shape() : bound, tv->contiguity());
+    if (tv->hasDeviceMesh()) copy->setDeviceMesh(*tv->deviceMesh());
+    copy->setLoop(tv->loop());
+    placed->addOutput(copy);
+  }
+  return placed;
+}
 
 }  // namespace meshfuse

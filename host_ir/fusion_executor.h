@@ -59,6 +59,11 @@ class FusionExecutorCache {
   std::string lastHostIr() const;
   // The fusion after sharding propagation and resharding insertion, of the last execution.
   std::string lastLoweredFusion() const;
+  // Where the last execution's outputs live: a new Fusion whose outputs are definition-less copies of
+  // them, in order, each with the mesh and loop domain sharding propagation gave it and its global
+  // extents as the inputs bound them (a front end hands them to shard_tensor / gather_tensor). Null
+  // before the first execution.
+  std::shared_ptr<Fusion> lastOutputShardings() const;
   size_t numCachedPrograms() const { return programs_.size(); }
   const Fusion& fusion() const { return *fusion_; }
 

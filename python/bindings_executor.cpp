@@ -77,6 +77,8 @@ void bindExecutor(py::module_& m) {
            "Fails the other ranks' execute (they wait for this rank's inputs) with `error`; raises ValueError here")
       .def("last_host_ir", &FusionExecutorCache::lastHostIr)
       .def("last_lowered_fusion", &FusionExecutorCache::lastLoweredFusion)
+      .def("last_output_shardings", &FusionExecutorCache::lastOutputShardings,
+           "A Fusion whose outputs are the last execution's, placed: mesh, loop domain, bound extents")
       .def("num_cached_programs", &FusionExecutorCache::numCachedPrograms);
 }
 

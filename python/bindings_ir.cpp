@@ -130,6 +130,17 @@ void bindVals(py::module_& m) {
       .def("outer_split", &TensorView::outerSplit, py::arg("axis"), py::arg("parts"))
       .def("parallelize", &TensorView::parallelize, py::arg("axis"), py::arg("parallel_type"))
       .def("axis", &axisOf, py::arg("index"))
+      .def(
+          "shard_like",
+          [](TensorView& tv, const TensorView& other) {
+            if (tv.ndim() != other.ndim())
+              throw UserError("shard_like: " + tv.name() + " has " + std::to_string(tv.ndim()) + " dimensions, " +
+                              other.name() + " has " + std::to_string(other.ndim()));
+            if (!other.hasDeviceMesh()) throw UserError("shard_like: " + other.name() + " has no device mesh");
+            tv.setDeviceMesh(*other.deviceMesh());
+            tv.setLoop(other.loop());
+          },
+          py::arg("other"), "Gives this tensor other's device mesh and loop domain (splits and parallel types)")
       .def_property_readonly("num_loop_axes", [](const TensorView& tv) { return tv.loop().size(); })
       .def_property_readonly("loop", &TensorView::loopToString)
       .def("sharded_axis", &TensorView::shardedAxis, py::arg("parallel_type"),

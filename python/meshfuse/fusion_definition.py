@@ -605,6 +605,13 @@ class FusionDefinition:
         """This rank's host program of the last execution: segments and communications with their backend."""
         return self._executed("host_ir").last_host_ir()
 
+    def output_shardings(self):
+        """Where each output of the last execution lives, as sharding propagation placed it: one TensorView
+        per output, in order, with the output's mesh (None: whole on every rank), loop domain and global
+        extents (symbolic ones as the inputs bound them). Hand one to `multidevice.gather_tensor` to
+        assemble the global array from the ranks' results, or to `multidevice.shard_tensor`."""
+        return self._executed("output_shardings").last_output_shardings().outputs()
+
     def last_lowered_fusion(self):
         """The fusion after sharding propagation and resharding insertion, of the last execution."""
         return self._executed("last_lowered_fusion").last_lowered_fusion()

@@ -43,9 +43,13 @@ def check_readme_first_program(capsys):
     from meshfuse.multidevice import Communicator
     comm = Communicator.instance()
     ns = run_block(readme_first_program())
-    expected = _column_block(_relu_linear_reference(ns["x_np"], ns["w_np"]), comm.rank, comm.size)
-    np.testing.assert_allclose(ns["y_local"], expected, rtol=1e-4, atol=1e-3)
+    whole = _relu_linear_reference(ns["x_np"], ns["w_np"])
+    np.testing.assert_allclose(ns["y_local"], _column_block(whole, comm.rank, comm.size), rtol=1e-4, atol=1e-3)
     assert "LaunchSegment" in capsys.readouterr().out, "the README says it prints this rank's host program"
+    # The next block: where y lives, and y assembled from every rank's columns.
+    ns = run_block(python_blocks("README.md")[1], **{k: v for k, v in ns.items() if not k.startswith("__")})
+    assert capsys.readouterr().out.split() == ["1"], "the README says y is split on axis 1"
+    np.testing.assert_allclose(ns["y"], whole, rtol=1e-4, atol=1e-3)
 
 
 def check_design_example(capsys):

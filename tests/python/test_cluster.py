@@ -76,6 +76,21 @@ def test_tp_mlp_on_two_nodes(backend):
         assert len(devices) == 4 and len(set(devices)) == 2, out
 
 
+@pytest.mark.parametrize("schedule", ["dp_tp", "sp"])
+def test_transformer_layer_on_two_nodes(schedule):
+    """The layer forward and backward on 2 nodes x 2 ranks: DPxTP with TP inside a node and data
+    parallelism across the two, and SP's sequence shards over all four; each rank's assembled output and
+    input gradient against float64 numpy (examples/transformer.py), on the last CPU backend listed."""
+    backend = CPU_BACKENDS[-1]
+    rc, out, _ = cluster(["--", sys.executable, "examples/transformer.py", "--schedule", schedule, "--backend",
+                          backend], 120)
+    assert rc == 0, out
+    errors = re.findall(r"rank (\d): max \|error\| of out and grad_x against float64 numpy: ([\d.e+-]+)", out)
+    assert sorted(r for r, _ in errors) == ["0", "1", "2", "3"], out
+    assert max(float(e) for _, e in errors) < 1e-4, out
+    assert f"backend={backend}" in out, out
+
+
 def test_python_sees_each_ranks_node():
     program = (
         "from meshfuse.multidevice import Communicator as C; c = C.instance(); "

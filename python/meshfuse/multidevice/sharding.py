@@ -1,4 +1,7 @@
-"""shard_tensor: the part of a global array that one rank holds under a TensorView's sharding."""
+"""shard_tensor: the part of a global array that one rank holds under a TensorView's sharding; and
+gather_tensor, its inverse, which assembles the global array from every rank's part."""
+from collections import OrderedDict
+
 import numpy as np
 
 from .. import _arrays, _C
@@ -55,3 +58,43 @@ def shard_tensor(full, tv, rank):
     if _arrays.is_torch_tensor(shard):
         return shard.contiguous()
     return shard
+
+
+_GATHERS = OrderedDict()  # the allgather definitions of gather_tensor, by sharding (least recently used first)
+_MAX_GATHERS = 64
+
+
+def gather_tensor(local, tv, backend=None):
+    """The global array of which `local` is this rank's shard under tv's sharding: `tv` is a TensorView
+    of a definition or one of `fd.output_shardings()` (where execute put each output). A collective
+    over tv's mesh, run by a meshfuse allgather program on `backend` (default: the definition's
+    default, auto): every rank of the mesh calls it and gets the whole array, numpy or torch as `local`
+    is; ranks outside the mesh pass None and get None. A tensor without a mesh, or replicated on it,
+    is returned as it is."""
+    if not isinstance(tv, _C.TensorView):
+        raise TypeError(f"gather_tensor: tv must be a TensorView, got {type(tv).__name__}")
+    mesh = tv.device_mesh
+    if mesh is None or not tv.is_sharded:
+        return local
+    key = (tuple(tv.shape), tv.dtype.name, tuple(mesh.devices), tuple(mesh.shape), tv.loop, backend)
+    fd = _GATHERS.pop(key, None)
+    if fd is None:
+        fd = _gather_definition(tv, backend)
+    _GATHERS[key] = fd
+    if len(_GATHERS) > _MAX_GATHERS:
+        _GATHERS.popitem(last=False)
+    return fd.execute([local])[0]
+
+
+def _gather_definition(tv, backend):
+    from ..fusion_definition import FusionDefinition
+    with FusionDefinition(**({} if backend is None else {"backend_type": backend})) as fd:
+        x = fd.define_tensor(list(tv.shape), tv.dtype)
+        y = fd.ops.set(x)
+        fd.add_output(y)
+        x.shard_like(tv)
+        for i in range(x.num_loop_axes):  # an output's stream chunks are a schedule detail, not a placement
+            if x.axis(i).parallel_type == ParallelType.stream:
+                x.axis(i).parallelize(ParallelType.serial)
+        y.set_device_mesh(tv.device_mesh)
+    return fd

@@ -77,6 +77,8 @@ def test_layer_matches_reference_on_every_rank(schedule, batch, backend):
     arrays = global_inputs(cfg)
     outs = dict(zip(FORWARD_OUTPUTS, fwd.execute(shard_inputs(fwd, arrays, RANK))))
     out_sh, grad_sh = output_shardings(schedule), output_shardings(schedule, backward=True)
+    # The models' table of where the outputs live is what execute reports (fd.output_shardings()).
+    assert placements(fwd, FORWARD_OUTPUTS) == {n: set(v) for n, v in out_sh.items()}
     full = {n: gather(outs[n], fwd.tensors[n], mesh, out_sh.get(n)) for n in FORWARD_OUTPUTS
             if n not in ("sdpa_seed", "sdpa_offset")}
     m1, m2 = full["attn_dropout_mask"], full["mlp_dropout_mask"]
@@ -89,6 +91,7 @@ def test_layer_matches_reference_on_every_rank(schedule, batch, backend):
     # produced them) and this rank's shards of the global x, parameters and output gradient.
     local = {n: outs[n] if n in outs else shard_tensor(arrays[n], bwd.tensors[n], RANK) for n in bwd.input_names()}
     grads = dict(zip(BACKWARD_OUTPUTS, bwd.execute([local[n] for n in bwd.input_names()])))
+    assert placements(bwd, BACKWARD_OUTPUTS) == {n: set(v) for n, v in grad_sh.items()}
     g = ref.backward(arrays["grad_out"].astype(np.float64), arrays["x"].astype(np.float64), p64, m1, m2, cfg)
     for name in BACKWARD_OUTPUTS:
         got = gather(grads[name], bwd.tensors[name], mesh, grad_sh.get(name))
@@ -117,6 +120,17 @@ def test_layer_matches_reference_on_every_rank(schedule, batch, backend):
             bwd.host_ir()
         tp_flights = [kinds for kinds, team in zip(launched_while_in_flight(bwd), teams(bwd)) if team == tp_team]
         assert all("matmul" in kinds for kinds in tp_flights), bwd.host_ir()
+
+
+def placements(fd, names):
+    """{output name: {(sharded axis, mesh ParallelType), ...}} of fd's last execution, sharded outputs only."""
+    out = {}
+    for name, tv in zip(names, fd.output_shardings()):
+        sharded = {(tv.sharded_axis(p), p) for p in (ParallelType.mesh_x, ParallelType.mesh_y)
+                   if tv.sharded_axis(p) >= 0}
+        if sharded:
+            out[name] = sharded
+    return out
 
 
 def teams(fd):
