@@ -1,6 +1,7 @@
 #include "host_ir/fusion_executor.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <sstream>
@@ -26,13 +27,26 @@ struct FusionExecutorCache::Program {
 };
 
 namespace {
-std::chrono::milliseconds effectiveTimeout(const HostIrEvaluatorParams& params) {
-  if (const char* env = std::getenv("MESHFUSE_TIMEOUT")) {
+// MESHFUSE_TIMEOUT (seconds, a trailing "s" allowed) overrides the parameters' timeout. A value that is
+// not a positive number is an error (it used to be ignored, leaving the user's intended limit
+// unenforced): `error` says so, for execute to raise on every rank through its input agreement,
+// which meanwhile runs under the parameters' timeout.
+struct TimeoutSetting {
+  std::chrono::milliseconds timeout;
+  std::string error;
+};
+
+TimeoutSetting effectiveTimeout(const HostIrEvaluatorParams& params) {
+  if (const char* env = std::getenv("MESHFUSE_TIMEOUT"); env && *env) {
     char* end = nullptr;
     double seconds = std::strtod(env, &end);
-    if (end != env && seconds > 0) return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    if (end != env && *end == 's') ++end;
+    if (end != env && *end == '\0' && seconds > 0 && std::isfinite(seconds))
+      return {std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)), ""};
+    return {params.timeout,
+            std::string("MESHFUSE_TIMEOUT=") + env + ": expected a positive number of seconds (e.g. 60)"};
   }
-  return params.timeout;
+  return {params.timeout, ""};
 }
 
 void checkMeshesFitWorld(const Fusion& fusion, int64_t world_size) {
@@ -82,22 +96,38 @@ void writeTraceFromAllRanks(const Tracer& tracer, const std::string& path, Commu
 }
 
 // uniform()/normal() without an rng_seed draw from (seed, offset) pairs that differ at every
-// execution and agree across ranks: every rank calls execute() on the same definitions in the same
-// order (SPMD), so a process-wide counter advanced per random op and execution gives each rank the
-// same offsets, and sharded random tensors stay blocks of one global tensor. MESHFUSE_SEED sets the
-// seed (default fixed, so runs are reproducible).
+// execution and agree across ranks, so that sharded random tensors stay blocks of one global tensor
+// and replicated ones (dropout masks) are equal: a process-wide counter advanced per random op and
+// execution. A rank can run a fusion of its own that draws, which moves only its counter, so every
+// multi-rank execution first agrees on the counter (the largest rank's, in execute's input
+// agreement) and all ranks go on from there. MESHFUSE_SEED sets the seed (default fixed, so runs are
+// reproducible); the ranks check that theirs agree.
+std::atomic<uint64_t>& nextRandomOffset() {
+  static std::atomic<uint64_t> next{0};
+  return next;
+}
+
+// Read at each execution (a lookup in the environment), so that a process may change it between runs.
+uint64_t randomSeed() {
+  const char* env = std::getenv("MESHFUSE_SEED");
+  return env ? std::strtoull(env, nullptr, 10) : uint64_t{0x6d657368};
+}
+
+void advanceRandomOffsetTo(uint64_t agreed) {
+  std::atomic<uint64_t>& next = nextRandomOffset();
+  uint64_t current = next.load();
+  while (current < agreed && !next.compare_exchange_weak(current, agreed)) {
+  }
+}
+
 void bindFreshRandomState(const Fusion& lowered, ValueMap& values) {
-  static std::atomic<uint64_t> next_offset{0};
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("MESHFUSE_SEED");
-    return env ? std::strtoull(env, nullptr, 10) : uint64_t{0x6d657368};
-  }();
+  const uint64_t seed = randomSeed();
   for (const auto& e : lowered.exprs()) {
     if (!e->attrs().fresh_rng) continue;
     // The pair is the expr's last two operands (uniform/normal, sdpfa_fwd).
     const size_t n = e->inputs().size();
     values.scalars[e->input(n - 2)] = static_cast<double>(seed);
-    values.scalars[e->input(n - 1)] = static_cast<double>(next_offset.fetch_add(1));
+    values.scalars[e->input(n - 1)] = static_cast<double>(nextRandomOffset().fetch_add(1));
   }
 }
 
@@ -120,21 +150,32 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   const bool multi = isMultiDevice(*fusion_);
   Communicator* comm = multi ? &Communicator::instance() : nullptr;
   const int64_t rank = comm ? comm->rank() : 0;
-  const auto timeout = effectiveTimeout(params.executor);
+  const TimeoutSetting timeout_setting = effectiveTimeout(params.executor);
+  const auto timeout = timeout_setting.timeout;
+  const std::string& timeout_error = timeout_setting.error;
+
+  std::string trace_path = params.executor.trace_path;
+  if (const char* env = std::getenv("MESHFUSE_TRACE"); trace_path.empty() && env) trace_path = env;
 
   InputSignature sig;
   if (multi && comm->size() > 1) {
     // Every rank reaches the agreement with a verdict, so none is left waiting in a collective.
     std::string error;
     try {
+      if (!timeout_error.empty()) throw UserError(timeout_error);
       checkMeshesFitWorld(*fusion_, comm->size());
       sig = checkLocalInputs(*fusion_, inputs, rank);
+      sig.trace = !trace_path.empty();
+      sig.rng_seed = randomSeed();
+      sig.rng_offset = nextRandomOffset().load();
     } catch (const UserError& e) {
       error = e.what();
     }
     sig = withTimeoutPolicy("in execute's input agreement over the world (backend mpi)",
                             [&] { return agreeOnInputs(*fusion_, error.empty() ? &sig : nullptr, error, timeout); });
+    advanceRandomOffsetTo(sig.rng_offset);
   } else {
+    if (!timeout_error.empty()) throw UserError(timeout_error);
     if (multi) checkMeshesFitWorld(*fusion_, comm->size());
     sig = checkLocalInputs(*fusion_, inputs, rank);
   }
@@ -205,8 +246,6 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   HostIrEvaluatorParams eval_params = params.executor;
   eval_params.timeout = timeout;
   program.hic->number_of_streams = eval_params.number_of_streams;
-  std::string trace_path = eval_params.trace_path;
-  if (const char* env = std::getenv("MESHFUSE_TRACE"); trace_path.empty() && env) trace_path = env;
   if (!trace_path.empty() && multi && comm->size() > 1) comm->barrier();  // one time origin for all ranks
   if (const char* env = std::getenv("MESHFUSE_TRACE_HOST"); env && std::string(env) == "1")
     eval_params.trace_host = true;
@@ -227,7 +266,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
 
 void FusionExecutorCache::reportInputError(const std::string& error, const MultiDeviceExecutorParams& params) {
   if (isMultiDevice(*fusion_) && Communicator::instance().size() > 1) {
-    const auto timeout = effectiveTimeout(params.executor);
+    const auto timeout = effectiveTimeout(params.executor).timeout;
     withTimeoutPolicy("in execute's input agreement over the world (backend mpi)",
                       [&] { return agreeOnInputs(*fusion_, nullptr, error, timeout); });
   }

@@ -1,5 +1,6 @@
 #include "host_ir/input_check.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -88,12 +89,16 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
 }
 
 namespace {
-// Wire format: [status, device, n, then per input: present, rank, extents...] as int64, then the message.
+// Wire format: [status, device, trace, seed, offset, n, then per input: present, rank, extents...] as
+// int64, then the message.
 std::string encode(const InputSignature* sig, const std::string& error) {
   std::vector<int64_t> words;
   words.push_back(sig ? 0 : 1);
   if (sig) {
     words.push_back(static_cast<int64_t>(sig->device));
+    words.push_back(sig->trace ? 1 : 0);
+    words.push_back(static_cast<int64_t>(sig->rng_seed));
+    words.push_back(static_cast<int64_t>(sig->rng_offset));
     words.push_back(static_cast<int64_t>(sig->present.size()));
     for (size_t i = 0; i < sig->present.size(); ++i) {
       words.push_back(sig->present[i] ? 1 : 0);
@@ -127,6 +132,9 @@ Decoded decode(const std::string& blob) {
   d.error = rest.substr(0, rest.find('\0'));
   if (!d.ok) return d;
   d.sig.device = static_cast<DeviceType>(words[pos++]);
+  d.sig.trace = words[pos++] != 0;
+  d.sig.rng_seed = static_cast<uint64_t>(words[pos++]);
+  d.sig.rng_offset = static_cast<uint64_t>(words[pos++]);
   int64_t count = words[pos++];
   for (int64_t i = 0; i < count; ++i) {
     d.sig.present.push_back(words[pos++] != 0);
@@ -167,6 +175,19 @@ InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, c
                       " failed its input check, so no rank executes: " + decoded[r].error);
 
   InputSignature merged = *mine;
+  for (size_t r = 0; r < decoded.size(); ++r) {
+    const InputSignature& s = decoded[r].sig;
+    if (s.trace != decoded[0].sig.trace)
+      throw UserError("execute: rank " + std::to_string(decoded[0].sig.trace ? 0 : r) + " asks for a trace and rank " +
+                      std::to_string(decoded[0].sig.trace ? r : 0) +
+                      " does not: a trace is gathered from every rank, so pass the same trace= (or set "
+                      "MESHFUSE_TRACE) on every rank; rank 0 writes the file");
+    if (s.rng_seed != decoded[0].sig.rng_seed)
+      throw UserError("execute: ranks disagree on MESHFUSE_SEED (" + std::to_string(decoded[0].sig.rng_seed) +
+                      " on rank 0, " + std::to_string(s.rng_seed) + " on rank " + std::to_string(r) +
+                      "): random tensors would differ between ranks; set the same seed on every rank");
+    merged.rng_offset = std::max(merged.rng_offset, s.rng_offset);
+  }
   const auto& defs = fusion.inputs();
   for (size_t i = 0; i < defs.size(); ++i) {
     if (!defs[i]->isTensor()) continue;

@@ -3,6 +3,7 @@
 // every other rank raises one naming it, instead of waiting forever in a collective.
 #pragma once
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,10 @@ struct InputSignature {
   std::vector<std::vector<int64_t>> global;  // global shapes (empty for scalars)
   DeviceType device = DeviceType::CPU;
   int device_index = 0;
+  // Not inputs, but what every rank must share for the execution to be one program (agreed with them):
+  bool trace = false;       // a trace was asked for (its file is gathered from every rank)
+  uint64_t rng_seed = 0;    // MESHFUSE_SEED
+  uint64_t rng_offset = 0;  // the next fresh Philox offset; agreement makes it the largest of the ranks'
 };
 
 // Throws UserError naming the tensor and expected vs actual value.
@@ -24,7 +29,8 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
 
 // Exchanges every rank's verdict (an error message or its signature) over the world. Throws
 // UserError on every rank if any rank failed, naming it; fills the global shapes of inputs this
-// rank does not hold from the ranks that do, and checks that all ranks agree.
+// rank does not hold from the ranks that do, and checks that all ranks agree (on the shapes, on
+// whether to trace and on the random seed); the result's rng_offset is the largest rank's.
 InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, const std::string& my_error,
                              std::chrono::milliseconds timeout);
 

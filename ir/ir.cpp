@@ -276,7 +276,14 @@ void Fusion::addOutput(Val* v) {
   if (!owns(v))
     throw UserError("add_output: " + (v ? v->name() : std::string("None")) + " is not a tensor of this fusion");
   if (!v->isTensor()) throw UserError("add_output: " + v->name() + " is a scalar; outputs are tensors");
-  if (!isOutput(v)) outputs_.push_back(v);
+  // Once only: execute returns one tensor per output, and a repeat silently returned one value fewer
+  // than add_output calls.
+  if (isOutput(v)) {
+    const auto at = std::find(outputs_.begin(), outputs_.end(), v) - outputs_.begin();
+    throw UserError("add_output: " + v->name() + " is already output " + std::to_string(at) +
+                    "; add each tensor once (fd.ops.set(t) makes a copy to return twice)");
+  }
+  outputs_.push_back(v);
   ++version_;
 }
 

@@ -164,6 +164,7 @@ void* Tensor::data() const {
 }
 
 bool Tensor::isContiguous() const {
+  if (numel() == 0) return true;  // no element to be out of place (a symbolic extent bound to 0)
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     if (shape_[i] == 1) continue;  // any stride is fine for an extent of one

@@ -17,6 +17,7 @@ Each instance has its own fusion, executor cache and parameters (backend, stream
 is no global state, and instances can execute from different threads at once.
 """
 import datetime
+import re
 import threading
 
 import numpy as np
@@ -51,6 +52,29 @@ def _int_list(values, what):
         if isinstance(e, bool) or not hasattr(e, "__index__"):
             raise TypeError(f"{what}[{i}] must be an integer, got {type(e).__name__} {e!r}")
     return [int(e) for e in items]
+
+
+# The executor waits in whole milliseconds, and the binding converts through int64 microseconds.
+_MIN_TIMEOUT = datetime.timedelta(milliseconds=1)
+_MAX_TIMEOUT = datetime.timedelta(days=100000)
+
+
+def _timeout(value):
+    """timeout= as a timedelta. A zero or negative one (or one under a millisecond, which truncates to
+    zero) would make every multi-rank execute fail at once with a CommunicationTimeout."""
+    if isinstance(value, datetime.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (bool, np.bool_)) or not is_number(value):
+        raise TypeError(f"timeout must be a number of seconds or a datetime.timedelta, got {type(value).__name__} "
+                        f"{value!r}")
+    else:
+        seconds = float(value)
+    if not seconds > 0:  # also NaN
+        raise ValueError(f"timeout must be a positive number of seconds, got {value!r}")
+    if not _MIN_TIMEOUT.total_seconds() <= seconds <= _MAX_TIMEOUT.total_seconds():  # also inf
+        raise ValueError(f"timeout must be between 0.001 s (the executor waits in whole milliseconds) and "
+                         f"{_MAX_TIMEOUT.days} days, got {value!r}")
+    return value if isinstance(value, datetime.timedelta) else datetime.timedelta(seconds=seconds)
 
 
 class _Ops:
@@ -328,8 +352,7 @@ class FusionDefinition:
                 raise ValueError(f"number_of_streams must be at least 1, got {number_of_streams}")
             self._params.executor.number_of_streams = int(number_of_streams)
         if timeout is not None:
-            self._params.executor.timeout = (timeout if isinstance(timeout, datetime.timedelta)
-                                             else datetime.timedelta(seconds=float(timeout)))
+            self._params.executor.timeout = _timeout(timeout)
 
     # ---- the two ways of defining -------------------------------------------------------------
     def definition(self):
@@ -465,8 +488,29 @@ class FusionDefinition:
             except (TypeError, ValueError) as error:
                 self._fail_other_ranks(error, params)
                 raise
-            results = self._cache.execute(args, params)
+            try:
+                results = self._cache.execute(args, params)
+            except ValueError as error:  # the C++ checks (extents, shardings) know inputs by IR name only
+                named = self._naming_inputs_in(str(error))
+                if named is None:
+                    raise
+                raise ValueError(named) from None
         return self._exported(results, torch_out)
+
+    def _naming_inputs_in(self, message):
+        """message with the definition's input names added where it cites "Tk (input i)" (this rank's
+        error, or another rank's quoted in it); None when there is nothing to add."""
+        names = getattr(self, "input_names", None)
+        if not callable(names) or "(input " not in message:
+            return None
+        try:
+            names = names()
+        except Exception:  # a broken input_names() must not hide the user's error
+            return None
+        named = re.sub(r"\b(T\d+) \(input (\d+)\)",
+                       lambda m: (f"{m.group(1)} (input {m.group(2)}, {names[int(m.group(2))]})"
+                                  if int(m.group(2)) < len(names) and names[int(m.group(2))] else m.group(0)), message)
+        return None if named == message else named
 
     @staticmethod
     def _exported(results, torch_out):

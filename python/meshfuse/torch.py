@@ -32,25 +32,27 @@ class _LayerFunction(torch.autograd.Function):
     # Each step's activations then stayed allocated for ~20 steps (13 MB a step per rank in the
     # 2-rank benchmark layer), and every step ran on freshly faulted pages instead of the CPU
     # allocator's cached blocks (~3400 page faults a step).
+    # The tensors go through save_for_backward, not a ctx attribute: torch then frees them after a
+    # backward without retain_graph (and refuses a second one), keeps them for one with it, and
+    # refuses a backward whose inputs or parameters were modified in place since the forward.
     @staticmethod
     def forward(ctx, layer, x, *params):
         outs = layer.forward_fusion.execute([_plain(x)] + [_plain(p) for p in params])
         named = dict(zip(_tf.FORWARD_OUTPUTS, outs))
         ctx.layer = layer
-        arrays = {"x": _plain(x), **{n: _plain(p) for n, p in zip(_tf.PARAMETERS, params)}, **named}
-        ctx.saved = {n: arrays[n] for n in layer.backward_fusion.input_names() if n in arrays}
+        arrays = {"x": x, **dict(zip(_tf.PARAMETERS, params)), **named}
+        ctx.saved_names = [n for n in layer.backward_fusion.input_names() if n in arrays]
+        ctx.save_for_backward(*[arrays[n] for n in ctx.saved_names])
         # Detached: the output that autograd tracks (and its graph) is not kept alive by the layer.
         layer.last_forward = {n: t.detach() for n, t in named.items()}
         return named["out"]
 
     @staticmethod
     def backward(ctx, grad_out):
-        layer, saved = ctx.layer, ctx.saved
-        ctx.saved = None  # the activations go back to the allocator as soon as the gradients exist
-        arrays = dict(saved, grad_out=_plain(grad_out))
-        del saved
-        names = layer.backward_fusion.input_names()
-        inputs = [arrays.pop(n) for n in names]
+        layer = ctx.layer
+        arrays = {n: _plain(t) for n, t in zip(ctx.saved_names, ctx.saved_tensors)}
+        arrays["grad_out"] = _plain(grad_out)
+        inputs = [arrays.pop(n) for n in layer.backward_fusion.input_names()]
         grads = dict(zip(_tf.BACKWARD_OUTPUTS, layer.backward_fusion.execute(inputs)))
         return (None, grads["grad_x"]) + tuple(grads["grad_" + n] for n in _tf.PARAMETERS)
 

@@ -83,7 +83,7 @@ class FusionFuzzer {
     f.addOutput(pool_.back().tv);
     if (pool_.size() > 2 && chance(0.3)) {
       const Node& extra = pool_[pick(pool_.size())];
-      if (!f.isInput(extra.tv)) f.addOutput(extra.tv);
+      if (!f.isInput(extra.tv) && !f.isOutput(extra.tv)) f.addOutput(extra.tv);  // each output once
     }
     if (multi_) shardAll();
     bindArguments();

@@ -1,5 +1,6 @@
 """Every user mistake is a Python exception of the right type whose message names the tensor and
 says what was expected and what was given; none of them can crash the interpreter."""
+import datetime
 import re
 
 import numpy as np
@@ -289,6 +290,28 @@ def test_communication_timeout_is_a_timeout_error():
     assert issubclass(CommunicationTimeout, TimeoutError)
 
 
+@pytest.mark.parametrize("timeout", [0, -5, 0.0, -0.5, float("nan"), datetime.timedelta(0),
+                                     datetime.timedelta(seconds=-1)], ids=repr)
+def test_timeout_must_be_positive(timeout):
+    # Accepted, these made every multi-rank execute raise CommunicationTimeout ("waited 0.000 s") at once.
+    with _raises(ValueError, "timeout must be a positive number of seconds", f"got {timeout!r}"):
+        FusionDefinition(timeout=timeout)
+
+
+def test_timeout_outside_what_the_executor_can_wait_and_non_numbers():
+    for timeout in (1e-4, float("inf"), 1e30):  # under a millisecond truncates to 0 ms; inf overflows
+        with _raises(ValueError, "timeout must be between 0.001 s", f"got {timeout!r}"):
+            FusionDefinition(timeout=timeout)
+    for timeout, type_name in (("5", "str"), (True, "bool"), ([1], "list")):
+        with _raises(TypeError, "timeout must be a number of seconds or a datetime.timedelta", "got " + type_name):
+            FusionDefinition(timeout=timeout)
+    assert FusionDefinition(timeout=2.5)._params.executor.timeout == datetime.timedelta(seconds=2.5)
+    assert FusionDefinition(timeout=np.int64(7))._params.executor.timeout == datetime.timedelta(seconds=7)
+    minute = datetime.timedelta(minutes=1)
+    assert FusionDefinition(timeout=minute)._params.executor.timeout == minute
+    assert FusionDefinition()._params.executor.timeout == datetime.timedelta(minutes=10)
+
+
 # ---- the raw bindings never crash on bad arguments ----------------------------------------------
 
 def test_raw_bindings_reject_none_and_wrong_types():
@@ -327,3 +350,41 @@ def test_vals_keep_their_fusion_alive():
     assert y.name == "T3" and y.shape == [3, 4] and y.dtype == DataType.Float
     assert axis.extent == 3
     assert _C.ops.sum(y, [0]).shape == [4]
+
+
+def test_an_output_added_twice_is_refused():
+    """execute returns one tensor per output; a repeated add_output was dropped silently, so unpacking by
+    position went wrong."""
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([2])
+        u = fd.ops.exp(t)
+        fd.add_output(u)
+        fd.add_output(fd.ops.neg(t))
+        with pytest.raises(ValueError, match=r"add_output: T\d+ is already output 0; add each tensor once"):
+            fd.add_output(u)
+    assert len(fd.execute([np.zeros(2, np.float32)])) == 2
+
+
+def test_an_extent_error_names_the_input_where_the_definition_names_them():
+    from meshfuse.models import TransformerConfig, TransformerForward, shard_inputs
+    cfg = TransformerConfig(batch=2, sequence=4, heads=2, hidden=8, dropout_p=0.0)
+    fwd = TransformerForward(cfg)
+    rng = np.random.default_rng(0)
+    arrays = {n: rng.standard_normal(s).astype(np.float32) for n, s in cfg.parameter_shapes().items()}
+    arrays["x"] = rng.standard_normal((2, 4, 8)).astype(np.float32)
+    args = shard_inputs(fwd, arrays, 0)
+    args[3] = np.ones((25, 8), np.float32)
+    with pytest.raises(ValueError, match=r"^T3 \(input 3, qkv_weight\) axis 0: expected extent 24, got 25"):
+        fwd.execute(args)
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "5x"])
+def test_a_meshfuse_timeout_that_is_not_a_positive_number_raises(monkeypatch, value):
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2])
+        fd.add_output(fd.ops.neg(x))
+    monkeypatch.setenv("MESHFUSE_TIMEOUT", value)
+    with pytest.raises(ValueError, match=f"MESHFUSE_TIMEOUT={value}: expected a positive number of seconds"):
+        fd.execute([np.ones(2, np.float32)])
+    monkeypatch.setenv("MESHFUSE_TIMEOUT", "30s")
+    np.testing.assert_array_equal(fd.execute([np.ones(2, np.float32)])[0], -np.ones(2))

@@ -63,3 +63,44 @@ def test_bad_inputs_are_clear_errors_naming_x():
         layer(x.detach().double())
     with pytest.raises(ValueError, match=r"T0 \(input 0, x\): expected 3 dimensions"):
         layer(x.detach()[0])
+
+
+def _grads(layer, x):
+    return [x.grad.clone()] + [getattr(layer, n).grad.clone() for n in PARAMETERS]
+
+
+def test_retain_graph_keeps_the_saved_tensors_for_a_second_backward():
+    # torch's semantics: with retain_graph=True a second backward runs and accumulates the same
+    # gradients (dropout masks included: they are saved); without it the graph is freed and a
+    # further backward is torch's usual error.
+    layer, x = _layer_and_input()
+    dy = torch.from_numpy(np.random.default_rng(5).standard_normal(tuple(x.shape)).astype(np.float32))
+    y = layer(x)
+    y.backward(dy, retain_graph=True)
+    once = _grads(layer, x)
+    assert all(g.abs().max() > 0 for g in once)
+    y.backward(dy)
+    for name, g1, g2 in zip(["x", *PARAMETERS], once, _grads(layer, x)):
+        torch.testing.assert_close(g2, 2 * g1, rtol=0, atol=0, msg=name)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.backward(dy)
+
+
+def test_a_second_backward_without_retain_graph_is_torchs_error():
+    layer, x = _layer_and_input()
+    loss = layer(x).sum()
+    loss.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("modified", ["x", "fc1_bias"])
+def test_a_saved_tensor_modified_in_place_after_the_forward_is_refused(modified):
+    # As torch's own ops: the gradients would be those of the modified values, silently wrong.
+    layer, x = _layer_and_input()
+    x2 = x.detach().clone()
+    y = layer(x2)
+    with torch.no_grad():
+        (x2 if modified == "x" else getattr(layer, modified)).mul_(3.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()

@@ -6,6 +6,7 @@ segment as an epilogue, and the torch autograd wrapper training a toy regression
 (the loss falls). The multi-rank schedules are in mp/test_transformer_mp.py."""
 import dataclasses
 import os
+import re
 
 import numpy as np
 import pytest
@@ -173,6 +174,75 @@ def test_torch_layer_trains_on_cuda_in_bf16():
 def test_bad_configuration_is_a_clear_error():
     with pytest.raises(ValueError, match="not divisible by heads"):
         TransformerForward(TransformerConfig(batch=1, sequence=4, heads=3, hidden=16))._ensure_defined()
+
+
+@pytest.mark.parametrize("field", ["batch", "sequence", "heads", "hidden"])
+@pytest.mark.parametrize("value", [0, -2])
+def test_non_positive_sizes_are_a_value_error_at_construction(field, value):
+    cfg = dataclasses.replace(CFG, **{field: value})
+    with pytest.raises(ValueError, match=f"TransformerConfig.{field} must be positive, got {value}"):
+        cfg.check()
+    for program in (TransformerForward, TransformerBackward):
+        with pytest.raises(ValueError, match=f"TransformerConfig.{field} must be positive"):
+            program(cfg)
+
+
+def test_bad_config_fields_and_attention_dropout_are_clear_errors():
+    with pytest.raises(TypeError, match="TransformerConfig.hidden must be an integer, got float"):
+        TransformerForward(dataclasses.replace(CFG, hidden=16.0))
+    with pytest.raises(ValueError, match=r"attention_dropout_p must be in \[0, 1\), got 1.5"):
+        TransformerForward(dataclasses.replace(CFG, attention_dropout_p=1.5))
+    with pytest.raises(TypeError, match="cfg must be a TransformerConfig, got dict"):
+        TransformerBackward({"batch": 2})
+
+
+@pytest.mark.parametrize("schedule", ["TP", "dp-tp", "sequence", "pp", None])
+def test_unknown_schedule_is_a_value_error_naming_the_valid_ones(schedule):
+    from meshfuse.models import SCHEDULES, mesh_for, output_shardings
+    message = f"unknown schedule {schedule!r}; choose one of none, tp, sp, dp_tp"
+    assert SCHEDULES == ("none", "tp", "sp", "dp_tp")
+    for program in (TransformerForward, TransformerBackward):
+        # With a mesh a misspelt name was scheduled as tp; without one, an AttributeError.
+        for mesh in (mesh_for("tp", 1), None):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                program(CFG, mesh, schedule)
+    for backward in (False, True):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            output_shardings(schedule, backward=backward)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        mesh_for(schedule, 1)
+
+
+@pytest.mark.parametrize("schedule", ["tp", "sp", "dp_tp"])
+def test_a_schedule_without_a_mesh_is_a_value_error(schedule):
+    for program in (TransformerForward, TransformerBackward):
+        with pytest.raises(ValueError, match=re.escape(f"schedule {schedule!r} needs a mesh: mesh_for({schedule!r}, "
+                                                       f"world_size)")):
+            program(CFG, None, schedule)
+    with pytest.raises(TypeError, match="mesh must be a DeviceMesh or None, got list"):
+        TransformerForward(CFG, [0], "tp")
+    # "none" needs none, and its output table is empty.
+    from meshfuse.models import output_shardings
+    assert output_shardings("none") == {} and output_shardings("none", backward=True) == {}
+    TransformerForward(CFG, None, "none")._ensure_defined()
+
+
+def test_mesh_for_checks_dp():
+    from meshfuse.models import mesh_for
+    from meshfuse import ParallelType
+    mesh = mesh_for("dp_tp", 4, dp=4)
+    assert (mesh.size_along(ParallelType.mesh_y), mesh.size_along(ParallelType.mesh_x)) == (4, 1)
+    mesh = mesh_for("dp_tp", 4)  # the default: dp = 2
+    assert (mesh.size_along(ParallelType.mesh_y), mesh.size_along(ParallelType.mesh_x)) == (2, 2)
+    for dp in (0, -1, -2):  # dp=0 was the default's 2, silently
+        with pytest.raises(ValueError, match=f"dp_tp: dp must be at least 1, got {dp}"):
+            mesh_for("dp_tp", 4, dp=dp)
+    for dp in (3, 8):
+        with pytest.raises(ValueError, match=f"the world of 4 ranks does not split into dp = {dp} groups"):
+            mesh_for("dp_tp", 4, dp=dp)
+    for dp in (2.0, "2", True):
+        with pytest.raises(TypeError, match="dp_tp: dp must be an integer"):
+            mesh_for("dp_tp", 4, dp=dp)
 
 
 @pytest.mark.skipif(not torch_cuda_available(), reason="needs torch with a CUDA GPU (and meshfuse built with cuDNN)")

@@ -72,10 +72,18 @@ class TransformerConfig:
                 "fc1_weight": [4 * e, e], "fc1_bias": [4 * e], "fc2_weight": [e, 4 * e], "fc2_bias": [e]}
 
     def check(self):
+        for name in ("batch", "sequence", "heads", "hidden"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise TypeError(f"TransformerConfig.{name} must be an integer, got {type(value).__name__} {value!r}")
+            if value < 1:
+                raise ValueError(f"TransformerConfig.{name} must be positive, got {value}")
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
         if not 0 <= self.dropout_p < 1:
             raise ValueError(f"dropout_p must be in [0, 1), got {self.dropout_p}")
+        if not 0 <= self.sdpa_dropout_p < 1:
+            raise ValueError(f"attention_dropout_p must be in [0, 1), got {self.attention_dropout_p}")
 
 
 def _to_float(fd, t):
@@ -280,14 +288,36 @@ def _shard(tv, axis, parts, parallel):
     tv.axis(axis).parallelize(parallel)
 
 
+def _check_schedule(schedule):
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+
+
+def _check_schedule_and_mesh(schedule, mesh):
+    """Before any definition, on every rank: a misspelt schedule was scheduled as tp, and a mesh-less
+    one failed deep inside apply_schedule."""
+    from ..multidevice import DeviceMesh
+    _check_schedule(schedule)
+    if schedule != "none" and mesh is None:
+        raise ValueError(f"schedule {schedule!r} needs a mesh: mesh_for({schedule!r}, world_size) gives the one "
+                         f"it runs on")
+    if mesh is not None and not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"mesh must be a DeviceMesh or None, got {type(mesh).__name__}")
+
+
 def mesh_for(schedule, world_size, dp=None):
     """The device mesh a schedule runs on: 1-D over the world for tp/sp, [dp, tp] for dp_tp."""
     from ..multidevice import DeviceMesh
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    _check_schedule(schedule)
     if schedule != "dp_tp":
         return DeviceMesh(range(world_size))
-    dp = dp or (2 if world_size % 2 == 0 and world_size > 1 else 1)
+    if dp is None:
+        dp = 2 if world_size % 2 == 0 and world_size > 1 else 1
+    elif isinstance(dp, bool) or not hasattr(dp, "__index__"):
+        raise TypeError(f"dp_tp: dp must be an integer, got {type(dp).__name__} {dp!r}")
+    elif dp < 1:  # dp=0 used to fall back to the default silently
+        raise ValueError(f"dp_tp: dp must be at least 1, got {dp}")
+    dp = int(dp)
     if world_size % dp:
         raise ValueError(f"dp_tp: the world of {world_size} ranks does not split into dp = {dp} groups")
     return DeviceMesh(range(world_size), [dp, world_size // dp])
@@ -295,6 +325,7 @@ def mesh_for(schedule, world_size, dp=None):
 
 def apply_schedule(tv, cfg, mesh, schedule, backward=False):
     """Sets meshes and shardings on a layer definition's tensors (see the module docstring)."""
+    _check_schedule_and_mesh(schedule, mesh)
     if schedule == "none":
         return
     tp = mesh.size_along(ParallelType.mesh_x)
@@ -302,8 +333,10 @@ def apply_schedule(tv, cfg, mesh, schedule, backward=False):
         raise ValueError(f"{schedule}: {cfg.heads} heads do not divide over {tp} tensor-parallel ranks")
     if schedule == "sp" and cfg.sequence % tp:
         raise ValueError(f"sp: sequence {cfg.sequence} does not divide over {tp} ranks")
+    # Every input on the mesh, sdpa_seed/sdpa_offset included: the forward's outputs are None on
+    # ranks outside a sub-mesh, and a mesh-less input is one every world rank must hold.
     for name in _input_names(backward):
-        if name in tv and tv[name].is_tensor and name not in ("sdpa_seed", "sdpa_offset"):
+        if name in tv and tv[name].is_tensor:
             tv[name].set_device_mesh(mesh)
     x = ParallelType.mesh_x
     for name in ("qkv_weight", "qkv_bias", "fc1_weight", "fc1_bias"):
@@ -351,6 +384,7 @@ def apply_schedule(tv, cfg, mesh, schedule, backward=False):
 def output_shardings(schedule, backward=False):
     """{output name: [(axis, ParallelType), ...]}: how the schedule's outputs come out sharded (by
     propagation from the annotated inputs; tests check it). Outputs not listed are replicated."""
+    _check_schedule(schedule)
     if schedule == "none":
         return {}
     x, y = ParallelType.mesh_x, ParallelType.mesh_y
@@ -382,10 +416,19 @@ def _input_names(backward):
     return names
 
 
+def _check_layer(cfg, mesh, schedule):
+    """At construction, identically on every rank: bad arguments raise before any collective."""
+    if not isinstance(cfg, TransformerConfig):
+        raise TypeError(f"cfg must be a TransformerConfig, got {type(cfg).__name__}")
+    cfg.check()
+    _check_schedule_and_mesh(schedule, mesh)
+
+
 class TransformerForward(FusionDefinition):
     """The layer's forward on `mesh` with `schedule` ("none", "tp", "sp" or "dp_tp")."""
 
     def __init__(self, cfg, mesh=None, schedule="none", **kwargs):
+        _check_layer(cfg, mesh, schedule)
         super().__init__(**kwargs)
         self.cfg, self.mesh, self.schedule = cfg, mesh, schedule
         self.tensors = {}
@@ -404,6 +447,7 @@ class TransformerBackward(FusionDefinition):
     """The layer's backward; its inputs are named by input_names()."""
 
     def __init__(self, cfg, mesh=None, schedule="none", **kwargs):
+        _check_layer(cfg, mesh, schedule)
         super().__init__(**kwargs)
         self.cfg, self.mesh, self.schedule = cfg, mesh, schedule
         self.tensors = {}

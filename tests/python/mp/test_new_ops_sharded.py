@@ -141,3 +141,48 @@ def test_unseeded_sharded_draw_is_one_global_tensor():
     assert len(matches) == 1, matches
     again = fd.execute([])[1]
     assert np.mean(again == gathered) < 0.05
+
+
+def _rows_from_every_rank(row):
+    """Every rank's `row` (a float32 vector), stacked in rank order, by a meshfuse allgather."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([WORLD, row.size])
+        y = fd.ops.set(x)
+        fd.add_output(y)
+        shard(x, 0)
+        y.set_device_mesh(MESH)
+    return fd.execute([row.reshape(1, -1)])[0]
+
+
+def replicated_uniform():
+    """A [16] uniform on the world's mesh, replicated: every rank draws all of it."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([16])
+        y = fd.ops.add(x, fd.ops.uniform(0.0, 1.0, [16]))
+        fd.add_output(y)
+        x.set_device_mesh(MESH)
+        y.set_device_mesh(MESH)
+    return fd.execute([np.zeros(16, np.float32)])[0]
+
+
+def test_a_rank_drawing_alone_does_not_set_the_ranks_apart():
+    """Rank 0 runs a fusion of its own that draws (its Philox offset moves, the others' do not); the
+    next multi-rank execution agrees on the offset, so a replicated random tensor is equal on every
+    rank (it differed, silently: the layer's dropout masks too)."""
+    if RANK == 0:
+        with FusionDefinition() as fd:
+            x = fd.define_tensor([4])
+            fd.add_output(fd.ops.add(x, fd.ops.uniform(0.0, 1.0, [4])))
+        fd.execute([np.zeros(4, np.float32)])
+    rows = _rows_from_every_rank(replicated_uniform())
+    assert np.all(rows == rows[0]), rows
+    assert 0.0 < rows[0].min() and rows[0].max() < 1.0 and len(set(rows[0].tolist())) == 16
+
+
+def test_ranks_with_different_seeds_raise_on_every_rank(monkeypatch):
+    monkeypatch.setenv("MESHFUSE_SEED", str(1000 + RANK))
+    with pytest.raises(ValueError, match="ranks disagree on MESHFUSE_SEED"):
+        replicated_uniform()
+    monkeypatch.setenv("MESHFUSE_SEED", "1000")
+    rows = _rows_from_every_rank(replicated_uniform())
+    assert np.all(rows == rows[0]), rows

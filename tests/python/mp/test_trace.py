@@ -101,3 +101,30 @@ def test_trace_from_the_environment(monkeypatch):
         if RANK == 0:
             events = load_events(path)
             assert {e["pid"] for e in events if e.get("ph") == "X"} == set(range(WORLD))
+
+
+def test_a_trace_asked_on_one_rank_only_fails_on_every_rank():
+    """A trace is gathered from every rank, so it is asked on all or none: rank 0 alone asking used to
+    end the job in an MPI truncation error. Every rank raises, naming both, and the next execution,
+    traced on every rank, writes its file."""
+    from meshfuse import DataType, FusionDefinition, ParallelType
+    from meshfuse.multidevice import DeviceMesh
+    mesh = DeviceMesh(range(WORLD))
+    with FusionDefinition(backend_type=CommunicatorBackend.mpi) as fd:
+        x = fd.define_tensor([2 * WORLD, 3], DataType.Float)
+        y = fd.ops.set(x)
+        fd.add_output(y)
+        x.set_device_mesh(mesh)
+        x.outer_split(0, WORLD)
+        x.axis(0).parallelize(ParallelType.mesh_x)
+        y.set_device_mesh(mesh)
+    local = np.full((2, 3), RANK, np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "t.json")
+        with pytest.raises(ValueError, match="rank 0 asks for a trace and rank 1 does not"):
+            fd.execute([local], trace=path if RANK == 0 else None)
+        (whole,) = fd.execute([local], trace=path)
+        np.testing.assert_array_equal(whole[:, 0], np.repeat(np.arange(WORLD), 2))
+        if RANK == 0:
+            with open(path) as f:
+                assert {e["pid"] for e in json.load(f)["traceEvents"] if "pid" in e} >= set(range(WORLD))

@@ -13,12 +13,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 import meshfuse  # noqa: E402
 import transformer_reference as ref  # noqa: E402
+from attention_reference import dropout_keep  # noqa: E402
 from host_ir_lines import communications, launched_while_in_flight  # noqa: E402
 from meshfuse import CommunicatorBackend, DataType, FusionDefinition, ParallelType  # noqa: E402
 from meshfuse.models import (BACKWARD_OUTPUTS, FORWARD_OUTPUTS, PARAMETERS, TransformerBackward,  # noqa: E402
                              TransformerConfig, TransformerForward, mesh_for, output_shardings,
                              shard_inputs)
-from meshfuse.multidevice import Communicator, shard_tensor  # noqa: E402
+from meshfuse.multidevice import Communicator, DeviceMesh, shard_tensor  # noqa: E402
 
 COMM = Communicator.instance()
 RANK, WORLD = COMM.rank, COMM.size
@@ -147,3 +148,38 @@ def test_heads_not_divisible_by_the_mesh_fail_at_definition_on_every_rank():
     cfg = TransformerConfig(batch=1, sequence=4, heads=WORLD + 1, hidden=8 * (WORLD + 1))
     with pytest.raises(ValueError, match="heads do not divide"):
         TransformerForward(cfg, mesh_for("tp", WORLD), "tp")._ensure_defined()
+
+
+@pytest.mark.skipif(WORLD < 2, reason="a sub-mesh leaves some of the world's ranks out")
+def test_backward_takes_the_forward_outputs_on_a_sub_mesh():
+    # The layer on the first half of the world (rank 0 alone at 2 ranks); the ranks outside the
+    # mesh get None for every forward output, sdpa_seed and sdpa_offset included, and pass them to
+    # the backward as they are: its schedule puts every input on the mesh. With attention dropout,
+    # so that the gradients depend on the seed and offset reaching the backward.
+    members = list(range(WORLD // 2))
+    mesh = DeviceMesh(members)
+    cfg = TransformerConfig(batch=2, sequence=4, heads=2 * len(members), hidden=8 * len(members),
+                            dtype=DataType.Float, dropout_p=0.2, attention_dropout_p=0.3)
+    fwd, bwd = TransformerForward(cfg, mesh, "tp"), TransformerBackward(cfg, mesh, "tp")
+    arrays = global_inputs(cfg)
+    outs = dict(zip(FORWARD_OUTPUTS, fwd.execute(shard_inputs(fwd, arrays, RANK))))
+    local = {n: outs[n] if n in outs else shard_tensor(arrays[n], bwd.tensors[n], RANK) for n in bwd.input_names()}
+    grads = dict(zip(BACKWARD_OUTPUTS, bwd.execute([local[n] for n in bwd.input_names()])))
+    if RANK not in members:
+        assert all(v is None for v in outs.values()), outs
+        assert all(v is None for v in grads.values()), grads
+        return
+    # TP's dropout masks and Philox pair are replicated on the mesh: the global ones.
+    m1, m2 = outs["attn_dropout_mask"], outs["mlp_dropout_mask"]
+    akeep = dropout_keep([cfg.batch, cfg.heads, cfg.sequence, cfg.sequence], outs["sdpa_seed"], outs["sdpa_offset"],
+                         cfg.sdpa_dropout_p)
+    assert 0.4 < akeep.mean() < 0.9
+    p64 = {n: arrays[n].astype(np.float64) for n in PARAMETERS}
+    x64 = arrays["x"].astype(np.float64)
+    r = ref.forward(x64, p64, m1, m2, cfg, akeep)
+    np.testing.assert_allclose(outs["out"], r["out"], rtol=1e-4, atol=1e-4, err_msg=f"rank {RANK}: out")
+    g = ref.backward(arrays["grad_out"].astype(np.float64), x64, p64, m1, m2, cfg, akeep)
+    for name in BACKWARD_OUTPUTS:
+        want = shard_tensor(g[name], bwd.tensors[name[len("grad_"):]], RANK)
+        np.testing.assert_allclose(grads[name], want, rtol=1e-3, atol=1e-3 * np.abs(g[name]).max(),
+                                   err_msg=f"rank {RANK}: {name}")
