@@ -45,7 +45,9 @@ _abort_on_exception.install(_C.Communicator)
 
 
 def available_backends():
-    """The communicator backends built into this meshfuse and usable in this process."""
+    """The communicator backends built into this meshfuse whose libraries load in this process. nccl and
+    cuda carry CUDA tensors: they are listed wherever they were built, and an execution on them on a
+    machine without a CUDA device raises on every rank ("no CUDA device")."""
     return list(_C.Communicator.instance().available_backends())
 
 
