@@ -474,6 +474,9 @@ class Runner {
 
   // Offset (elements) of `row` in a port's tensor.
   int64_t rowOffset(const Port& p, int64_t row) const {
+    // Row 0 is at offset 0. Also where there are no rows at all (an outer reduction over an empty
+    // axis), whose After-phase stores still use row 0 and whose extent of 0 would divide by zero.
+    if (row == 0) return 0;
     int64_t off = 0;
     for (int64_t d = k_.plan.split - 1; d >= 0; --d) {
       const int64_t extent = k_.plan.full_shape[d];

@@ -1,5 +1,6 @@
 """Every fd.ops op against numpy on random data, over the dtypes it takes."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -359,3 +360,24 @@ def test_long_pointwise_chain_reusing_tile_buffers(rng, n):
     np.testing.assert_allclose(got_mid, mid, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got, t * x64 + mid, rtol=1e-4, atol=1e-4)
     assert launches(fd) == ["pointwise"]
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean", "var_mean"])
+@pytest.mark.parametrize("shape", [[0, 3], [-1, 3]], ids=["fixed", "symbolic"])
+def test_a_reduction_over_an_empty_leading_axis_after_a_pointwise_op(reduction, shape):
+    """An outer reduction over zero rows (a normalization segment with no rows) used to divide by the
+    empty extent and kill the process (SIGFPE); numpy's answers: zeros, then NaN for mean and var."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(shape, DataType.Float)
+        y = fd.ops.mul(x, 2.0)
+        out = fd.ops.var_mean(y, [0])[0] if reduction == "var_mean" else getattr(fd.ops, reduction)(y, [0])
+        fd.add_output(out)
+    x_np = np.ones((0, 3), np.float32)
+    (got,) = fd.execute([x_np])
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = {"sum": np.sum, "mean": np.mean, "var_mean": np.var}[reduction](2.0 * x_np.astype(np.float64), axis=0)
+    np.testing.assert_array_equal(got, ref.astype(np.float32))
+    if shape[0] == -1:  # the same cached definition with rows
+        np.testing.assert_allclose(fd.execute([np.ones((4, 3), np.float32)])[0], {"sum": 8.0, "mean": 2.0,
+                                                                                   "var_mean": 0.0}[reduction])
