@@ -38,6 +38,7 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
                         ") is a scalar; got a tensor or None");
       sig.present.push_back(true);
       sig.global.emplace_back();
+      sig.scalars.push_back(std::get<double>(arg));
       continue;
     }
     auto* tv = static_cast<const TensorView*>(def);
@@ -45,6 +46,7 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
     if (!mine) {  // whatever is passed for another rank's input is ignored
       sig.present.push_back(false);
       sig.global.emplace_back();
+      sig.scalars.push_back(0.0);
       continue;
     }
     if (!std::holds_alternative<Tensor>(arg))
@@ -84,13 +86,14 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
     }
     sig.present.push_back(true);
     sig.global.push_back(global);
+    sig.scalars.push_back(0.0);
   }
   return sig;
 }
 
 namespace {
-// Wire format: [status, device, trace, seed, offset, n, then per input: present, rank, extents...] as
-// int64, then the message.
+// Wire format: [status, device, trace, seed, offset, n, then per input: present, rank, extents..., the
+// scalar's bits] as int64, then the message.
 std::string encode(const InputSignature* sig, const std::string& error) {
   std::vector<int64_t> words;
   words.push_back(sig ? 0 : 1);
@@ -104,6 +107,9 @@ std::string encode(const InputSignature* sig, const std::string& error) {
       words.push_back(sig->present[i] ? 1 : 0);
       words.push_back(static_cast<int64_t>(sig->global[i].size()));
       for (int64_t e : sig->global[i]) words.push_back(e);
+      int64_t bits = 0;
+      std::memcpy(&bits, &sig->scalars[i], sizeof(bits));
+      words.push_back(bits);
     }
   }
   std::string bytes(words.size() * sizeof(int64_t), '\0');
@@ -142,6 +148,9 @@ Decoded decode(const std::string& blob) {
     d.sig.global.emplace_back(words.begin() + static_cast<int64_t>(pos),
                               words.begin() + static_cast<int64_t>(pos) + rank);
     pos += rank;
+    double value = 0;
+    std::memcpy(&value, &words[pos++], sizeof(value));
+    d.sig.scalars.push_back(value);
   }
   return d;
 }
@@ -190,7 +199,19 @@ InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, c
   }
   const auto& defs = fusion.inputs();
   for (size_t i = 0; i < defs.size(); ++i) {
-    if (!defs[i]->isTensor()) continue;
+    if (!defs[i]->isTensor()) {
+      // A scalar input is one value for the whole program; ranks passing different ones would each
+      // compute a different "replicated" result. (Compared bitwise: NaN agrees with NaN.)
+      for (size_t r = 1; r < decoded.size(); ++r)
+        if (std::memcmp(&decoded[r].sig.scalars[i], &decoded[0].sig.scalars[i], sizeof(double)) != 0) {
+          std::ostringstream os;
+          os << defs[i]->name() << " (input " << i << "): ranks pass different values for this scalar ("
+             << decoded[0].sig.scalars[i] << " on rank 0, " << decoded[r].sig.scalars[i] << " on rank " << r
+             << "); a scalar input is replicated, so pass the same value on every rank";
+          throw UserError(os.str());
+        }
+      continue;
+    }
     int first = -1;
     for (size_t r = 0; r < decoded.size(); ++r) {
       const InputSignature& s = decoded[r].sig;

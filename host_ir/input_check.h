@@ -16,6 +16,7 @@ struct InputSignature {
   std::vector<bool> present;  // whether this rank holds input i
   std::vector<DataType> dtypes;
   std::vector<std::vector<int64_t>> global;  // global shapes (empty for scalars)
+  std::vector<double> scalars;               // a scalar input's value (0 for tensors): replicated, so agreed
   DeviceType device = DeviceType::CPU;
   int device_index = 0;
   // Not inputs, but what every rank must share for the execution to be one program (agreed with them):

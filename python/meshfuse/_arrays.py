@@ -197,14 +197,22 @@ class _Bool8Capsule:
 
 def to_numpy(tensor):
     """A numpy array sharing the Tensor's memory (CPU tensors, dtypes numpy has). With numpy >= 2 it
-    is writable; numpy 1.x marks every array it takes through DLPack read-only."""
+    is writable, unless it is a broadcast (below); numpy 1.x marks every array it takes through DLPack
+    read-only. A view output (reshape, permute, slice, broadcast_in_dim) of an input shares the input's
+    memory, as a numpy view does."""
     if tensor.dtype == DataType.BFloat16:
         raise TypeError("numpy has no bfloat16: pass torch tensors to get BFloat16 outputs, or cast to Float")
     if tensor.is_cuda:
         raise ValueError(f"a tensor on {tensor.device} cannot become a numpy array; pass torch tensors")
     if tensor.dtype == DataType.Bool and _major_version(np) < 2:
-        return np.from_dlpack(_Bool8Capsule(tensor)).view(np.bool_)
-    return np.from_dlpack(tensor)
+        array = np.from_dlpack(_Bool8Capsule(tensor)).view(np.bool_)
+    else:
+        array = np.from_dlpack(tensor)
+    # A broadcast output (stride 0 over an axis of several elements) is read-only, as np.broadcast_to's
+    # is: a write through one element would change a whole row of the result.
+    if array.flags.writeable and any(st == 0 and n > 1 for st, n in zip(array.strides, array.shape)):
+        array.flags.writeable = False
+    return array
 
 
 def to_torch(tensor, default_streams=None):

@@ -28,12 +28,26 @@ def dtype_of_number(x):
     return DataType.Double
 
 
+# Scalars travel as doubles (IR constants, execute's scalar arguments): integers beyond 2**53 would be
+# rounded, silently.
+EXACT_INTEGER_LIMIT = 2 ** 53
+
+
+def exact_float(x, what):
+    """float(x), refusing an integer that a double cannot hold exactly."""
+    if isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_)) \
+            and abs(int(x)) > EXACT_INTEGER_LIMIT:
+        raise ValueError(f"{what}: the integer {int(x)} is beyond 2**53, which meshfuse's scalars (doubles) "
+                         f"cannot hold exactly; pass it in a tensor instead")
+    return float(x)
+
+
 def as_operand(owner, x, op):
     """x as a Val of owner's fusion (a number becomes a constant there)."""
     if isinstance(x, _C.Val):
         return x
     if is_number(x):
-        return _C.ops.constant(owner, float(x), dtype_of_number(x))
+        return _C.ops.constant(owner, exact_float(x, f"{op}: constant"), dtype_of_number(x))
     raise TypeError(f"{op}: operands must be TensorViews, Scalars or numbers, got {type(x).__name__}")
 
 

@@ -2,7 +2,7 @@
 mistake is a ValueError/TypeError naming the tensor and the expected and actual value. (The C++
 executor checks again, including extents, which need the sharding to interpret.)"""
 from . import _arrays, _C
-from ._operands import is_number
+from ._operands import exact_float, is_number
 
 DataType = _C.DataType
 
@@ -23,7 +23,10 @@ def check_scalar(scalar, value):
     if not is_number(value):
         raise TypeError(f"{scalar.name}: expected a number for scalar input of dtype {_dtype_name(scalar.dtype)}, "
                         f"got {_arrays.type_name(value)}")
-    return float(value)
+    if scalar.dtype in (DataType.Int, DataType.Int32) and not float(value).is_integer():
+        raise TypeError(f"{scalar.name}: expected an integer for scalar input of dtype {_dtype_name(scalar.dtype)}, "
+                        f"got {value!r}")
+    return exact_float(value, scalar.name)
 
 
 def _check_contiguity(tv, shape, strides):

@@ -23,7 +23,8 @@ import threading
 import numpy as np
 
 from . import _arrays, _C, _validation
-from ._operands import dtype_of_number, install_tensor_view_operators, is_number
+from ._operands import (EXACT_INTEGER_LIMIT, dtype_of_number, exact_float, install_tensor_view_operators,
+                        is_number)
 
 DataType = _C.DataType
 CommunicatorBackend = _C.CommunicatorBackend
@@ -95,7 +96,7 @@ class _Ops:
             self._fd._check_owned(x, op)
             return x
         if is_number(x):
-            return self._fd._fusion.new_scalar(dtype_of_number(x), float(x))
+            return self._fd._fusion.new_scalar(dtype_of_number(x), exact_float(x, f"{op}: constant"))
         raise TypeError(f"{op}: operands must be TensorViews, Scalars or numbers, got {type(x).__name__}")
 
     def _unary(name):
@@ -197,11 +198,15 @@ class _Ops:
         block of the one global tensor. Without a seed, each execution draws fresh numbers. Element g
         (row-major in the global tensor) is word g % 4 of Philox counter g / 4 (a Double: 53 bits from
         two words of counter g / 2)."""
+        if is_number(minval) and is_number(maxval) and not minval <= maxval:
+            raise ValueError(f"uniform: minval {minval} is greater than maxval {maxval}")
         return self._random("uniform", minval, maxval, shape, dtype, rng_seed, rng_offset, ("minval", "maxval"))
 
     def normal(self, mean, std, shape, dtype=DataType.Float, rng_seed=None, rng_offset=None):
         """Normal random numbers (Box-Muller over Philox 4x32-10, the cosine half): element g takes
         two words of counter g / 2 (a Double: the four of counter g); see uniform()."""
+        if is_number(std) and not std >= 0:  # also NaN
+            raise ValueError(f"normal: std must be non-negative, got {std}")
         return self._random("normal", mean, std, shape, dtype, rng_seed, rng_offset, ("mean", "std"))
 
     def var_mean(self, x, dims, correction=0, keepdim=False):
@@ -209,6 +214,11 @@ class _Ops:
         x = self._tensor(x, "var_mean")
         if x.dtype not in (DataType.Float, DataType.Double, DataType.Half, DataType.BFloat16):
             raise TypeError(f"var_mean: {x.name} must be floating point, got {x.dtype.name}")
+        if isinstance(correction, bool) or not hasattr(correction, "__index__") and not (
+                is_number(correction) and float(correction).is_integer()):
+            raise TypeError(f"var_mean: correction must be an integer (N - correction divides), got {correction!r}")
+        if int(correction) < 0:
+            raise ValueError(f"var_mean: correction must be non-negative, got {correction}")
         var, mean = _C.ops.var_mean(x, self._axes(dims), int(correction), bool(keepdim))
         return var, mean
 
@@ -434,7 +444,8 @@ class FusionDefinition:
             return scalar
         if not is_number(value):
             raise TypeError(f"define_scalar: value must be a number, got {type(value).__name__}")
-        return self._fusion.new_scalar(dtype if dtype is not None else dtype_of_number(value), float(value))
+        return self._fusion.new_scalar(dtype if dtype is not None else dtype_of_number(value),
+                                       exact_float(value, "define_scalar"))
 
     def add_output(self, tv):
         self._check_mutable("add_output")
@@ -536,7 +547,7 @@ class FusionDefinition:
             plan = []
             for v in self._fusion.inputs():
                 if not v.is_tensor:
-                    plan.append("scalar")
+                    plan.append("int scalar" if v.dtype in (DataType.Int, DataType.Int32) else "scalar")
                     continue
                 any_strides = not any(v.contiguity)
                 plan.append((numpy_of.get(v.dtype), v.ndim, v.dtype, any_strides) if v.device_mesh is None else None)
@@ -553,8 +564,10 @@ class FusionDefinition:
         streams (_arrays.torch_dlpack_fast)."""
         if expected is None:
             return None
-        if expected == "scalar":
-            return (float(x), False) if type(x) is float or type(x) is int else None
+        if expected == "scalar" or expected == "int scalar":  # ints a double holds exactly; floats where not Int
+            if type(x) is int and -EXACT_INTEGER_LIMIT <= x <= EXACT_INTEGER_LIMIT:
+                return float(x), False
+            return (x, False) if type(x) is float and expected == "scalar" else None
         np_dtype, ndim, dtype, any_strides = expected
         try:
             if type(x) is np.ndarray:

@@ -357,3 +357,23 @@ def test_numpy_inputs_take_the_fast_path_one_by_one(rng):
         fd.execute([x, mask, np.ascontiguousarray(view, dtype=np.float64), 1.5, dense])
     with pytest.raises(ValueError, match="expected 5 inputs"):
         fd.execute([x, mask, view])
+
+
+def test_a_broadcast_numpy_output_is_read_only_and_a_plain_one_writable():
+    """A stride-0 output (broadcast_in_dim) written through one element changed a whole row; it comes
+    back read-only, as np.broadcast_to's does, while the reshaped view and a computed output stay writable."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([2, 3])
+        fd.add_output(fd.ops.reshape(t, [3, 2]))
+        fd.add_output(fd.ops.broadcast_in_dim(fd.ops.slice(t, [0, 0], [1, 3]), [4, 3], [0, 1]))
+        fd.add_output(fd.ops.neg(t))
+    r, b, n = fd.execute([x])
+    np.testing.assert_array_equal(b, np.broadcast_to(x[:1], (4, 3)))
+    assert not b.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        b[3, 1] = -7.0
+    if int(np.__version__.split(".")[0]) >= 2:  # numpy 1.x takes every DLPack array read-only
+        assert r.flags.writeable and n.flags.writeable
+        n[0, 0] = 5.0
+        assert x[0, 0] == 0.0

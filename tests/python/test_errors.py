@@ -388,3 +388,50 @@ def test_a_meshfuse_timeout_that_is_not_a_positive_number_raises(monkeypatch, va
         fd.execute([np.ones(2, np.float32)])
     monkeypatch.setenv("MESHFUSE_TIMEOUT", "30s")
     np.testing.assert_array_equal(fd.execute([np.ones(2, np.float32)])[0], -np.ones(2))
+
+
+def _int_scalar_plus_tensor():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2], DataType.Int)
+        s = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.add(x, s))
+    return fd
+
+
+def test_an_int_scalar_input_takes_integers_only_and_exactly():
+    """Scalars travel as doubles: a fraction was truncated and an integer beyond 2**53 rounded, silently."""
+    fd = _int_scalar_plus_tensor()
+    x = np.array([0, 3], np.int64)
+    np.testing.assert_array_equal(fd.execute([x, 2 ** 53])[0], x + 2 ** 53)
+    np.testing.assert_array_equal(fd.execute([x, np.int64(-7)])[0], x - 7)
+    np.testing.assert_array_equal(fd.execute([x, 4.0])[0], x + 4)  # an integral float is an integer
+    with pytest.raises(TypeError, match=r"S\d+ \(input 1\): expected an integer for scalar input of dtype Int, got 2.7"):
+        fd.execute([x, 2.7])
+    with pytest.raises(ValueError, match=r"the integer 9007199254740993 is beyond 2\*\*53"):
+        fd.execute([x, 2 ** 53 + 1])
+
+
+def test_an_integer_constant_beyond_two_to_the_53_is_refused_at_definition():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2], DataType.Int)
+        with pytest.raises(ValueError, match=r"add: constant: the integer 9007199254740993 is beyond 2\*\*53"):
+            fd.ops.add(x, 2 ** 53 + 1)
+        fd.add_output(fd.ops.add(x, -(2 ** 53)))
+    np.testing.assert_array_equal(fd.execute([np.array([1, 2], np.int64)])[0], np.array([1, 2]) - 2 ** 53)
+
+
+def test_random_and_variance_arguments_are_checked():
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4], DataType.Float)
+        with pytest.raises(ValueError, match="normal: std must be non-negative, got -1"):
+            fd.ops.normal(0.0, -1, [4])
+        with pytest.raises(ValueError, match="uniform: minval 2.0 is greater than maxval 1.0"):
+            fd.ops.uniform(2.0, 1.0, [4])
+        with pytest.raises(TypeError, match="var_mean: correction must be an integer"):
+            fd.ops.var_mean(x, [0], correction=0.5)
+        with pytest.raises(ValueError, match="var_mean: correction must be non-negative"):
+            fd.ops.var_mean(x, [0], correction=-1)
+        var, _ = fd.ops.var_mean(x, [0], correction=1.0)
+        fd.add_output(var)
+    data = np.array([1.0, 2.0, 4.0, 7.0], np.float32)
+    np.testing.assert_allclose(fd.execute([data])[0], np.var(data.astype(np.float64), ddof=1), rtol=1e-6)

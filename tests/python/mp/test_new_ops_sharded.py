@@ -186,3 +186,16 @@ def test_ranks_with_different_seeds_raise_on_every_rank(monkeypatch):
     monkeypatch.setenv("MESHFUSE_SEED", "1000")
     rows = _rows_from_every_rank(replicated_uniform())
     assert np.all(rows == rows[0]), rows
+
+
+def test_a_scalar_input_that_differs_between_ranks_raises_on_every_rank():
+    """A scalar input is one value for the whole program: ranks passing different ones each computed a
+    different replicated result, silently."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4 * WORLD, 6])
+        s = fd.define_scalar(dtype=DataType.Double)
+        fd.add_output(fd.ops.mul(x, s))
+        shard(x)
+    with pytest.raises(ValueError, match=r"S\d+ \(input 1\): ranks pass different values for this scalar \(1 on rank 0"):
+        fd.execute([block(FULL), 1.0 + RANK])
+    np.testing.assert_allclose(fd.execute([block(FULL), 2.5])[0], block(FULL) * 2.5, rtol=1e-6)
