@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <stdexcept>
 
+#include "backends/nan_propagating.h"
 #include "runtime/half.h"
 
 namespace meshfuse::gloo_backend {
@@ -25,13 +26,13 @@ struct Mul {
 struct Max {
   template <typename T>
   T operator()(T a, T b) const {
-    return std::max(a, b);
+    return nanPropagatingMax(a, b);
   }
 };
 struct Min {
   template <typename T>
   T operator()(T a, T b) const {
-    return std::min(a, b);
+    return nanPropagatingMin(a, b);
   }
 };
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <stdexcept>
 
+#include "backends/nan_propagating.h"
 #include "runtime/half.h"
 
 namespace meshfuse::mpi {
@@ -35,11 +36,21 @@ struct Mul {
   float operator()(float a, float b) const { return a * b; }
 };
 struct Max {
-  float operator()(float a, float b) const { return std::max(a, b); }
+  float operator()(float a, float b) const { return nanPropagatingMax(a, b); }
 };
 struct Min {
-  float operator()(float a, float b) const { return std::min(a, b); }
+  float operator()(float a, float b) const { return nanPropagatingMin(a, b); }
 };
+
+// Max and min of float and double where NaN wins: MPI_MAX / MPI_MIN compare, so they keep or drop a
+// NaN by the order the ranks' values meet in.
+template <typename T, bool IsMax>
+// cppcheck-suppress constParameter ; MPI_User_function's signature: len is an int*
+void reduceNanPropagating(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = IsMax ? nanPropagatingMax(a[i], b[i]) : nanPropagatingMin(a[i], b[i]);
+}
 
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 struct Ops16 {
@@ -57,6 +68,7 @@ struct Registry {
   Ops16<halfToFloat, floatToHalf> half_ops;
   Ops16<bf16ToFloat, floatToBf16> bf16_ops;
   MPI_Op bool_or, bool_and;
+  MPI_Op float_max, float_min, double_max, double_min;
   Registry() {
     // Distinct types (not MPI_UINT16_T) so no predefined integer op is applied to them by mistake.
     MPI_Type_contiguous(2, MPI_BYTE, &half);
@@ -67,6 +79,10 @@ struct Registry {
     MPI_Type_commit(&boolean);
     MPI_Op_create(&reduceBool<true>, 1, &bool_or);
     MPI_Op_create(&reduceBool<false>, 1, &bool_and);
+    MPI_Op_create(&reduceNanPropagating<float, true>, 1, &float_max);
+    MPI_Op_create(&reduceNanPropagating<float, false>, 1, &float_min);
+    MPI_Op_create(&reduceNanPropagating<double, true>, 1, &double_max);
+    MPI_Op_create(&reduceNanPropagating<double, false>, 1, &double_min);
   }
 };
 
@@ -97,6 +113,14 @@ MPI_Op opFor(ReduceOp op, DataType dtype) {
     case DataType::Half: return registry().half_ops.ops[index];
     case DataType::BFloat16: return registry().bf16_ops.ops[index];
     case DataType::Bool: return (op == ReduceOp::Sum || op == ReduceOp::Max) ? registry().bool_or : registry().bool_and;
+    case DataType::Float:
+      if (op == ReduceOp::Max) return registry().float_max;
+      if (op == ReduceOp::Min) return registry().float_min;
+      break;
+    case DataType::Double:
+      if (op == ReduceOp::Max) return registry().double_max;
+      if (op == ReduceOp::Min) return registry().double_min;
+      break;
     default: break;
   }
   switch (op) {

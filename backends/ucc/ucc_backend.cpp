@@ -62,32 +62,58 @@ void inPlace(ucc_coll_args_t& args) {
 // The buffers of one operation in UCC's terms. Tensors are used in place; a widened reduction
 // (ucc_types.h: Half on the host) reads Float copies and writes Float results that are rounded
 // back into the tensors when the Work finishes.
+// How a collective's buffers reach UCC: as they are, as a Float copy (a Half reduction on the host),
+// or as ordered integer keys (a Float or Double max / min on the host: ucc_types.h says why).
+enum class Staging { kDirect, kWidened, kOrderedKeys };
+
+Staging reductionStaging(DataType dtype, ReduceOp op, ucc_memory_type_t memory) {
+  if (ucc::reducesWidened(dtype, memory)) return Staging::kWidened;
+  if (ucc::reducesOnOrderedKeys(dtype, op, memory)) return Staging::kOrderedKeys;
+  return Staging::kDirect;
+}
+
+ucc_datatype_t stagedType(Staging staging, DataType dtype) {
+  if (staging == Staging::kWidened) return UCC_DT_FLOAT32;
+  if (staging == Staging::kOrderedKeys) return ucc::datatypeFor(ucc::orderedKeyDtype(dtype));
+  return ucc::datatypeFor(dtype);
+}
+
 class Buffers {
  public:
-  Buffers(UccWork& work, const Tensor& any, bool widen)
+  Buffers(UccWork& work, const Tensor& any, Staging staging = Staging::kDirect, ReduceOp op = ReduceOp::Sum)
       : work_(work),
-        widen_(widen),
-        type_(widen ? UCC_DT_FLOAT32 : ucc::datatypeFor(any.dtype())),
+        staging_(staging),
+        op_(op),
+        type_(stagedType(staging, any.dtype())),
         memory_(ucc::memoryTypeOf(any)) {
     ucc::readyForUcc(any);
   }
   // `info` describes `count` elements the operation reads from `t`.
   void read(ucc_coll_buffer_info_t& info, const Tensor& t, uint64_t count) {
-    const Tensor bytes = widen_ ? t.to(DataType::Float) : t;
+    const Tensor bytes = staging_ == Staging::kWidened       ? t.to(DataType::Float)
+                         : staging_ == Staging::kOrderedKeys ? ucc::orderedKeys(t, op_)
+                                                             : t;
     work_.buffers.push_back(bytes.storage());
     describe(info, bytes.data(), count);
   }
   // `info` describes `count` elements the operation writes into `t` (and reads, when `copy_in`).
   void write(ucc_coll_buffer_info_t& info, const Tensor& t, uint64_t count, bool copy_in) {
-    if (!widen_) {
+    if (staging_ == Staging::kDirect) {
       work_.buffers.push_back(t.storage());
       describe(info, t.data(), count);
+      return;
+    }
+    if (staging_ == Staging::kOrderedKeys) {
+      Tensor keys = copy_in ? ucc::orderedKeys(t, op_) : Tensor::empty(t.shape(), ucc::orderedKeyDtype(t.dtype()));
+      work_.keys_back.emplace_back(keys, t);
+      describe(info, keys.data(), count);
       return;
     }
     Tensor wide = copy_in ? t.to(DataType::Float) : Tensor::empty(t.shape(), DataType::Float);
     work_.copies_back.emplace_back(wide, t);
     describe(info, wide.data(), count);
   }
+  bool staged() const { return staging_ != Staging::kDirect; }
 
  private:
   void describe(ucc_coll_buffer_info_t& info, void* data, uint64_t count) const {
@@ -97,7 +123,8 @@ class Buffers {
     info.mem_type = memory_;
   }
   UccWork& work_;
-  bool widen_;
+  Staging staging_;
+  ReduceOp op_;
   ucc_datatype_t type_;
   ucc_memory_type_t memory_;
 };
@@ -127,7 +154,7 @@ std::unique_ptr<Work> UccBackend::allgather(const Tensor& input, Tensor& output)
   checks::blocks(*this, op, "output", output, "input", input);
   if (input.numel() == 0) return completedWork();
   auto work = std::make_unique<UccWork>(OpLabel{"allgather", this, input.dtype(), input.numel()});
-  Buffers buffers(*work, input, false);
+  Buffers buffers(*work, input);
   ucc_coll_args_t args = argsOf(UCC_COLL_TYPE_ALLGATHER);
   // The input may already be this rank's block of the output.
   const bool in_place = sameBytes(input, byteAt(output, static_cast<size_t>(rankInTeam()) * input.nbytes()));
@@ -145,7 +172,7 @@ std::unique_ptr<Work> UccBackend::allreduce(Tensor& tensor, ReduceOp op) {
   checkTensor(*this, name, "tensor", tensor);
   if (tensor.numel() == 0) return completedWork();
   auto work = std::make_unique<UccWork>(OpLabel{"allreduce", this, tensor.dtype(), tensor.numel(), op});
-  Buffers buffers(*work, tensor, ucc::reducesWidened(tensor.dtype(), ucc::memoryTypeOf(tensor)));
+  Buffers buffers(*work, tensor, reductionStaging(tensor.dtype(), op, ucc::memoryTypeOf(tensor)), op);
   ucc_coll_args_t args = argsOf(UCC_COLL_TYPE_ALLREDUCE);
   args.op = ucc::opFor(op, tensor.dtype());
   inPlace(args);
@@ -161,7 +188,7 @@ std::unique_ptr<Work> UccBackend::reduceScatter(const Tensor& input, Tensor& out
   checks::blocks(*this, name, "input", input, "output", output);
   if (output.numel() == 0) return completedWork();
   auto work = std::make_unique<UccWork>(OpLabel{"reduceScatter", this, input.dtype(), input.numel(), op});
-  Buffers buffers(*work, input, ucc::reducesWidened(input.dtype(), ucc::memoryTypeOf(input)));
+  Buffers buffers(*work, input, reductionStaging(input.dtype(), op, ucc::memoryTypeOf(input)), op);
   ucc_coll_args_t args = argsOf(UCC_COLL_TYPE_REDUCE_SCATTER);
   args.op = ucc::opFor(op, input.dtype());
   buffers.read(args.src.info, input, count(input));  // the whole input; dst: one block
@@ -182,12 +209,11 @@ std::unique_ptr<Work> UccBackend::reduce(const Tensor& input, Tensor& output, in
   }
   if (input.numel() == 0) return completedWork();
   auto work = std::make_unique<UccWork>(OpLabel{"reduce", this, input.dtype(), input.numel(), op, "to root", root});
-  const bool widen = ucc::reducesWidened(input.dtype(), ucc::memoryTypeOf(input));
-  Buffers buffers(*work, input, widen);
+  Buffers buffers(*work, input, reductionStaging(input.dtype(), op, ucc::memoryTypeOf(input)), op);
   ucc_coll_args_t args = argsOf(UCC_COLL_TYPE_REDUCE);
   args.op = ucc::opFor(op, input.dtype());
   args.root = static_cast<uint64_t>(root);
-  const bool in_place = is_root && !widen && sameBytes(input, output.data());
+  const bool in_place = is_root && !buffers.staged() && sameBytes(input, output.data());
   if (in_place)
     inPlace(args);
   else
@@ -204,7 +230,7 @@ std::unique_ptr<Work> UccBackend::broadcast(Tensor& tensor, int64_t root) {
   if (tensor.numel() == 0) return completedWork();
   auto work = std::make_unique<UccWork>(
       OpLabel{"broadcast", this, tensor.dtype(), tensor.numel(), std::nullopt, "from root", root});
-  Buffers buffers(*work, tensor, false);
+  Buffers buffers(*work, tensor);
   ucc_coll_args_t args = argsOf(UCC_COLL_TYPE_BCAST);
   args.root = static_cast<uint64_t>(root);
   buffers.write(args.src.info, tensor, count(tensor), true);  // UCC's broadcast buffer is src on every rank
@@ -217,7 +243,7 @@ std::unique_ptr<Work> UccBackend::gather(const Tensor& input, Tensor& output, in
   if (input.numel() == 0) return completedWork();
   auto work =
       std::make_unique<UccWork>(OpLabel{"gather", this, input.dtype(), input.numel(), std::nullopt, "to root", root});
-  Buffers buffers(*work, input, false);
+  Buffers buffers(*work, input);
   ucc_coll_args_t args = argsOf(UCC_COLL_TYPE_GATHER);
   args.root = static_cast<uint64_t>(root);
   const bool in_place = is_root && sameBytes(input, byteAt(output, static_cast<size_t>(root) * input.nbytes()));
@@ -235,7 +261,7 @@ std::unique_ptr<Work> UccBackend::scatter(const Tensor& input, Tensor& output, i
   if (output.numel() == 0) return completedWork();
   auto work = std::make_unique<UccWork>(
       OpLabel{"scatter", this, output.dtype(), output.numel(), std::nullopt, "from root", root});
-  Buffers buffers(*work, output, false);
+  Buffers buffers(*work, output);
   // UCC's CPU transport (tl/ucp) has scatterv but no scatter: equal blocks, 64-bit counts.
   ucc_coll_args_t args = argsOf(UCC_COLL_TYPE_SCATTERV);
   args.root = static_cast<uint64_t>(root);
@@ -265,7 +291,7 @@ std::unique_ptr<Work> UccBackend::allToAll(const Tensor& input, Tensor& output) 
   checks::allToAll(*this, name, input, output);
   if (input.numel() == 0) return completedWork();
   auto work = std::make_unique<UccWork>(OpLabel{"allToAll", this, input.dtype(), input.numel()});
-  Buffers buffers(*work, input, false);
+  Buffers buffers(*work, input);
   ucc_coll_args_t args = argsOf(UCC_COLL_TYPE_ALLTOALL);
   buffers.read(args.src.info, input, count(input));  // counts are whole buffers, teamSize() blocks
   buffers.write(args.dst.info, output, count(output), false);
@@ -282,7 +308,7 @@ std::unique_ptr<Work> UccBackend::pointToPoint(const char* op, const Tensor& ten
   const auto tag = static_cast<ucc_coll_id_t>(((sequence++ % 16384u) << 1) | upward);
   auto work = std::make_unique<UccWork>(OpLabel{op, this, tensor.dtype(), tensor.numel(), std::nullopt,
                                                 sending ? "to team rank" : "from team rank", peer});
-  Buffers buffers(*work, tensor, false);
+  Buffers buffers(*work, tensor);
   ucc_coll_args_t args = argsOf(UCC_COLL_TYPE_BCAST);
   args.mask |= UCC_COLL_ARGS_FIELD_ACTIVE_SET | UCC_COLL_ARGS_FIELD_TAG;
   args.root = static_cast<uint64_t>(root);

@@ -1,6 +1,11 @@
 #include "backends/ucc/ucc_types.h"
 
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <stdexcept>
+#include <type_traits>
 
 namespace meshfuse::ucc {
 
@@ -30,6 +35,60 @@ ucc_reduction_op_t opFor(ReduceOp op, DataType dtype) {
 
 bool reducesWidened(DataType dtype, ucc_memory_type_t memory) {
   return dtype == DataType::Half && memory == UCC_MEMORY_TYPE_HOST;
+}
+
+bool reducesOnOrderedKeys(DataType dtype, ReduceOp op, ucc_memory_type_t memory) {
+  return (dtype == DataType::Float || dtype == DataType::Double) && (op == ReduceOp::Max || op == ReduceOp::Min) &&
+         memory == UCC_MEMORY_TYPE_HOST;
+}
+
+DataType orderedKeyDtype(DataType dtype) { return dtype == DataType::Double ? DataType::Int : DataType::Int32; }
+
+namespace {
+// A signed integer in the order of the float whose bits it holds: non-negative floats keep their bits
+// (larger bits, larger value); negative ones have their 31 (63) magnitude bits flipped, so a larger
+// magnitude gives a smaller key, and -0 sits just below +0. The map is its own inverse.
+template <typename Int>
+Int flipNegative(Int bits) {
+  return bits >= 0 ? bits : static_cast<Int>(bits ^ std::numeric_limits<Int>::max());
+}
+
+template <typename Float, typename Int>
+void toKeys(const Float* values, Int* keys, int64_t n, bool nan_high) {
+  // A NaN made positive (above +inf) for max, negative (below -inf) for min.
+  const Float nan = nan_high ? std::numeric_limits<Float>::quiet_NaN() : -std::numeric_limits<Float>::quiet_NaN();
+  for (int64_t i = 0; i < n; ++i) {
+    const Float v = std::isnan(values[i]) ? nan : values[i];
+    Int bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    keys[i] = flipNegative(bits);
+  }
+}
+
+template <typename Float, typename Int>
+void toValues(const Int* keys, Float* values, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const Int bits = flipNegative(keys[i]);
+    std::memcpy(&values[i], &bits, sizeof(bits));
+  }
+}
+}  // namespace
+
+Tensor orderedKeys(const Tensor& values, ReduceOp op) {
+  Tensor keys = Tensor::empty(values.shape(), orderedKeyDtype(values.dtype()));
+  const bool nan_high = op == ReduceOp::Max;
+  if (values.dtype() == DataType::Double)
+    toKeys(values.dataAs<double>(), keys.dataAs<int64_t>(), values.numel(), nan_high);
+  else
+    toKeys(values.dataAs<float>(), keys.dataAs<int32_t>(), values.numel(), nan_high);
+  return keys;
+}
+
+void fromOrderedKeys(const Tensor& keys, Tensor& values) {
+  if (values.dtype() == DataType::Double)
+    toValues(keys.dataAs<int64_t>(), values.dataAs<double>(), values.numel());
+  else
+    toValues(keys.dataAs<int32_t>(), values.dataAs<float>(), values.numel());
 }
 
 }  // namespace meshfuse::ucc

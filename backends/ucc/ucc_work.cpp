@@ -7,6 +7,7 @@
 
 #include "backends/poll_until.h"
 #include "backends/ucc/ucc_context.h"
+#include "backends/ucc/ucc_types.h"
 
 namespace meshfuse::ucc {
 
@@ -17,6 +18,7 @@ struct Abandoned {
   std::vector<ucc_coll_req_h> requests;
   std::vector<std::shared_ptr<Storage>> buffers;
   std::vector<std::pair<Tensor, Tensor>> copies_back;
+  std::vector<std::pair<Tensor, Tensor>> keys_back;
 };
 }  // namespace
 
@@ -75,6 +77,8 @@ void UccWork::wait(std::chrono::milliseconds timeout) {
 void UccWork::finish() {
   for (auto& [result, destination] : copies_back) destination.copyFrom(result);
   copies_back.clear();
+  for (auto& [keys, destination] : keys_back) ucc::fromOrderedKeys(keys, destination);
+  keys_back.clear();
   buffers.clear();
   finished_ = true;
   Context::instance().finished();
@@ -84,7 +88,7 @@ void UccWork::finish() {
 // NOLINTBEGIN(clang-analyzer-cplusplus.NewDeleteLeaks)
 void UccWork::abandon() {
   if (finished_ || abandoned_) return;
-  new Abandoned{std::move(requests_), std::move(buffers), std::move(copies_back)};
+  new Abandoned{std::move(requests_), std::move(buffers), std::move(copies_back), std::move(keys_back)};
   requests_.clear();
   abandoned_ = true;
   Context::instance().finished();

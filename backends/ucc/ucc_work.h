@@ -31,6 +31,7 @@ class UccWork final : public Work {
   void post(ucc_team_h team, ucc_coll_args_t& args);   // ucc_collective_init + ucc_collective_post
   std::vector<std::shared_ptr<Storage>> buffers;       // kept alive until the requests complete
   std::vector<std::pair<Tensor, Tensor>> copies_back;  // (result, destination): destination.copyFrom(result)
+  std::vector<std::pair<Tensor, Tensor>> keys_back;    // (keys, destination): ucc::fromOrderedKeys
   std::shared_future<void> from_self;                  // a receive from oneself (SelfMailbox), if valid
   std::vector<uint64_t> counts;  // a v-collective's counts and displacements, read by UCC until it completes
 

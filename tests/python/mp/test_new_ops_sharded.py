@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+import meshfuse
 from meshfuse import DataType, FusionDefinition, ParallelType
 from meshfuse.multidevice import Communicator, DeviceMesh, shard_tensor
 
@@ -199,3 +200,32 @@ def test_a_scalar_input_that_differs_between_ranks_raises_on_every_rank():
     with pytest.raises(ValueError, match=r"S\d+ \(input 1\): ranks pass different values for this scalar \(1 on rank 0"):
         fd.execute([block(FULL), 1.0 + RANK])
     np.testing.assert_allclose(fd.execute([block(FULL), 2.5])[0], block(FULL) * 2.5, rtol=1e-6)
+
+
+CPU_BACKENDS = [b for b in (meshfuse.CommunicatorBackend.mpi, meshfuse.CommunicatorBackend.gloo,
+                            meshfuse.CommunicatorBackend.ucc) if b in meshfuse.available_backends()]
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS, ids=lambda b: b.name)
+@pytest.mark.parametrize("dtype", [DataType.Float, DataType.Double], ids=["float32", "float64"])
+def test_max_over_a_sharded_axis_keeps_nan_from_any_rank(backend, dtype):
+    """A max over a sharded axis ends in an allreduce(max), whose backends compared values: a NaN was
+    kept or dropped by the rank that held it (NaN wins in numpy's max). Exact against numpy, with
+    negative values, -0, infinities, and a NaN on each rank in turn."""
+    np_dtype = np.float32 if dtype == DataType.Float else np.float64
+    with FusionDefinition(backend_type=backend) as fd:
+        x = fd.define_tensor([2 * WORLD, 5], dtype)
+        fd.add_output(fd.ops.max(x, [0]))
+        fd.add_output(fd.ops.neg(fd.ops.max(fd.ops.neg(x), [0])))  # a min
+        shard(x)
+    rng = np.random.default_rng(40)
+    for holder in range(WORLD):
+        full = rng.standard_normal((2 * WORLD, 5)).astype(np_dtype) - 3.0
+        full[:, 1] = -0.0
+        full[2 * holder, 2] = np.nan
+        full[2 * holder + 1, 3] = np.inf
+        full[:, 4] = -np.inf
+        full[2 * holder, 4] = np.nan
+        biggest, smallest = fd.execute([block(full)])
+        np.testing.assert_array_equal(biggest, np.max(full, axis=0))
+        np.testing.assert_array_equal(smallest, np.min(full, axis=0))
