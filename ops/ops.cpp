@@ -59,15 +59,25 @@ DataType resultType(OpType op, const std::vector<Val*>& inputs, const ExprAttrib
     return t;
   }
   DataType t = inputs[0]->dtype();
-  // A scalar operand does not widen a tensor (x_half * 2.0 stays Half), as in torch.
+  // A scalar operand does not widen a tensor within its kind (x_half * 2.0 stays Half, x_int32 + 2
+  // stays Int32), but lifts it to a higher kind (bool < integer < floating), as in torch: a Bool
+  // tensor and an integer scalar give Int (the scalar 2 was cast to True), a floating scalar Float.
+  // Without a tensor (where's two values), the scalars promote among themselves.
   bool have_tensor = false;
   for (Val* v : inputs) {
     if (!v->isTensor()) continue;
     t = have_tensor ? promoteTypes(t, v->dtype()) : v->dtype();
     have_tensor = true;
   }
-  for (Val* v : inputs)
-    if (!v->isTensor() && isFloatingPoint(v->dtype()) && !isFloatingPoint(t)) t = DataType::Float;
+  for (Val* v : inputs) {
+    if (v->isTensor()) continue;
+    if (!have_tensor)
+      t = promoteTypes(t, v->dtype());
+    else if (isFloatingPoint(v->dtype()) && !isFloatingPoint(t))
+      t = DataType::Float;
+    else if (t == DataType::Bool && v->dtype() != DataType::Bool)
+      t = DataType::Int;
+  }
   if (producesFloat(op) && !isFloatingPoint(t)) return DataType::Float;
   if (op == OpType::Sum && !isFloatingPoint(t)) return DataType::Int;
   if ((op == OpType::Add || op == OpType::Sub || op == OpType::Mul) && t == DataType::Bool) return DataType::Int;

@@ -109,8 +109,10 @@ std::string opExpression(OpType op, DataType dtype) {
     case OpType::Sub: return "a - b";
     case OpType::Mul: return b ? "(a && b)" : "a * b";
     case OpType::Div: return "a / b";
-    case OpType::Max: return f ? "fmaxf(a, b)" : d ? "fmax(a, b)" : "(a > b ? a : b)";
-    case OpType::Min: return f ? "fminf(a, b)" : d ? "fmin(a, b)" : "(a < b ? a : b)";
+    // NaN from either side wins, as on the CPU (pointwise_math.h) and in numpy; fmaxf returned the other
+    // operand. (a != a is false for integers.)
+    case OpType::Max: return "((a != a || a > b) ? a : b)";
+    case OpType::Min: return "((a != a || a < b) ? a : b)";
     case OpType::Pow:
       if (f) return "powf(a, b)";
       if (d) return "pow(a, b)";

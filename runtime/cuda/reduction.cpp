@@ -29,12 +29,10 @@ std::string identity(OpType op, DataType out) {
   throw std::logic_error("reduction identity: unexpected accumulator " + acc);
 }
 
-std::string combine(OpType op, DataType out) {
-  const std::string acc = accType(out);
+std::string combine(OpType op) {
   if (op != OpType::ReduceMax) return "a + b";
-  if (acc == "float") return "fmaxf(a, b)";
-  if (acc == "double") return "fmax(a, b)";
-  return "(a > b ? a : b)";
+  // NaN wins, as in the CPU's reductions and numpy's max (fmaxf dropped it); false for integers.
+  return "((a != a || a > b) ? a : b)";
 }
 
 // Groups of axes with their extents and input strides, extent-1 axes dropped, neighbours merged.
@@ -76,8 +74,8 @@ std::string generateReductionSource(OpType op, DataType in, DataType out, const 
     << "  i64 rshape[" << v.reduced_ndim << "];\n  i64 rstride[" << v.reduced_ndim << "];\n};\n"
     << "static_assert(sizeof(Params) == " << 8 * reductionParamWords(v)
     << ", \"host and device disagree on the parameter block\");\n\n";
-  s << "__device__ __forceinline__ " << acc << " combine(" << acc << " a, " << acc << " b) { return "
-    << combine(op, out) << "; }\n";
+  s << "__device__ __forceinline__ " << acc << " combine(" << acc << " a, " << acc << " b) { return " << combine(op)
+    << "; }\n";
   // Offset of a linear index within a group of axes (innermost last).
   for (const char* g : {"k", "r"}) {
     int nd = std::string(g) == "k" ? v.kept_ndim : v.reduced_ndim;
@@ -135,8 +133,8 @@ std::string generateColumnReductionSource(OpType op, DataType in, DataType out, 
     << "  i64 rows_per_split;\n  double scale;\n};\n"
     << "static_assert(sizeof(Params) == " << 8 * kColumnReductionParamWords
     << ", \"host and device disagree on the parameter block\");\n\n";
-  s << "__device__ __forceinline__ " << acc << " combine(" << acc << " a, " << acc << " b) { return "
-    << combine(op, out) << "; }\n";
+  s << "__device__ __forceinline__ " << acc << " combine(" << acc << " a, " << acc << " b) { return " << combine(op)
+    << "; }\n";
   // One 16-byte load: `vec` adjacent columns of one row, combined into the thread's accumulators.
   s << "__device__ __forceinline__ void add(" << acc << " (&a)[" << v.vec << "], const uint4 raw) {\n"
     << "  const " << sin << "* e = reinterpret_cast<const " << sin << "*>(&raw);\n"

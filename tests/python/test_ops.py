@@ -381,3 +381,50 @@ def test_a_reduction_over_an_empty_leading_axis_after_a_pointwise_op(reduction, 
     if shape[0] == -1:  # the same cached definition with rows
         np.testing.assert_allclose(fd.execute([np.ones((4, 3), np.float32)])[0], {"sum": 8.0, "mean": 2.0,
                                                                                    "var_mean": 0.0}[reduction])
+
+
+def test_a_scalar_of_a_higher_kind_lifts_a_bool_tensor():
+    """torch's rule: a scalar does not widen a tensor of its own kind, but an integer scalar lifts a Bool
+    tensor to Int64 (and two scalar values promote together): where(c, True, 2) and maximum(b, 2) were
+    Bool, and 2 came back as True."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([3], DataType.Float)
+        b = fd.define_tensor([3], DataType.Bool)
+        i = fd.define_tensor([3], DataType.Int32)
+        fd.add_output(fd.ops.where(fd.ops.gt(x, 0.0), True, 2))
+        fd.add_output(fd.ops.maximum(b, 2))
+        fd.add_output(fd.ops.add(b, 1.5))
+        fd.add_output(fd.ops.add(i, 2))
+    x_np = np.array([1.0, -1.0, 0.0], np.float32)
+    b_np = np.array([True, False, True])
+    i_np = np.array([1, 2, 3], np.int32)
+    where, biggest, plus_float, plus_int = fd.execute([x_np, b_np, i_np])
+    assert where.dtype == np.int64 and where.tolist() == [1, 2, 2]
+    assert biggest.dtype == np.int64 and biggest.tolist() == [2, 2, 2]
+    assert plus_float.dtype == np.float32 and plus_float.tolist() == [2.5, 1.5, 2.5]
+    assert plus_int.dtype == np.int32 and plus_int.tolist() == [3, 4, 5]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_maximum_and_max_let_nan_win_on_every_device(device):
+    """numpy's rule, which the CPU kernels follow: a NaN on either side of maximum/minimum, or anywhere in
+    a max reduction, gives NaN. CUDA's fmaxf returned the other operand (pointwise and plain reductions)."""
+    from conftest import torch_cuda_available
+    if device == "cuda" and not torch_cuda_available():
+        pytest.skip("needs torch with a CUDA GPU")
+    a = np.array([[1.0, np.nan, -2.0, 4.0], [np.nan, 0.5, 3.0, -np.inf]], np.float32)
+    b = np.array([[np.nan, 2.0, -3.0, 5.0], [1.0, np.nan, 2.0, -1.0]], np.float32)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2, 4], DataType.Float)
+        y = fd.define_tensor([2, 4], DataType.Float)
+        fd.add_output(fd.ops.maximum(x, y))
+        fd.add_output(fd.ops.minimum(x, y))
+        fd.add_output(fd.ops.max(x, [1]))
+        fd.add_output(fd.ops.max(x, [0]))
+    inputs = [a, b]
+    if device == "cuda":
+        import torch
+        inputs = [torch.from_numpy(t).cuda() for t in inputs]
+    outs = [o.cpu().numpy() if device == "cuda" else o for o in fd.execute(inputs)]
+    for got, want in zip(outs, (np.maximum(a, b), np.minimum(a, b), np.max(a, axis=1), np.max(a, axis=0))):
+        np.testing.assert_array_equal(got, want)
