@@ -106,7 +106,9 @@ def to_tensor(obj):
     if isinstance(obj, np.ndarray) and not obj.flags.writeable:
         # Unversioned DLPack cannot mark memory read-only, so numpy refuses to export it. Inputs are
         # never written: a copy is safe (broadcast_to views and read-only buffers land here).
-        obj = np.array(obj, copy=True)
+        # Row-major: np.array keeps the source's axis order (order="K"), which for a broadcast view put
+        # the stride-0 axis innermost and made the copy look column-major to the contiguity check.
+        obj = np.array(obj, copy=True, order="C")
     if type(obj).__name__ == "PyCapsule":
         return _C.Tensor.from_dlpack(obj)
     if is_torch_tensor(obj) and obj.requires_grad:

@@ -377,3 +377,15 @@ def test_a_broadcast_numpy_output_is_read_only_and_a_plain_one_writable():
         assert r.flags.writeable and n.flags.writeable
         n[0, 0] = 5.0
         assert x[0, 0] == 0.0
+
+
+def test_a_read_only_broadcast_input_is_copied_row_major():
+    """A read-only numpy array (np.broadcast_to's) is copied before import; the copy kept the view's axis
+    order, column-major here, so a definition of contiguous axes refused it naming strides it was never
+    given ([1, 6])."""
+    row = np.arange(8, dtype=np.float32)
+    view = np.broadcast_to(row, (6, 8))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([6, 8], DataType.Float, contiguity=True)
+        fd.add_output(fd.ops.mul(x, 2.0))
+    np.testing.assert_array_equal(fd.execute([view])[0], 2.0 * view)
