@@ -65,6 +65,17 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
       throw UserError(label + ": the definition says contiguous but the input has shape " + shapeToString(t.shape()) +
                       " and strides " + shapeToString(t.strides()) +
                       " (pass a contiguous copy, or define it with contiguity=False)");
+    // A mesh axis split into other than the mesh's device count: said as such, before the extents (whose
+    // expected local values assume the mesh's count and would point at the wrong thing).
+    for (const LoopAxis& la : tv->loop()) {
+      if (!tv->hasDeviceMesh() || !isMeshParallel(la.parallel) || la.part != LoopAxis::Part::Outer || !la.outer_split)
+        continue;
+      const int64_t devices = tv->deviceMesh()->size(la.parallel);
+      if (la.factor != devices)
+        throw UserError(label + " axis " + std::to_string(la.logical) + " is split into " + std::to_string(la.factor) +
+                        " parts along " + toString(la.parallel) + " but " + tv->deviceMesh()->toString() + " has " +
+                        std::to_string(devices) + " devices there (outer_split(axis, mesh size))");
+    }
     std::vector<int64_t> global = globalShape(tv, t.shape());
     for (int64_t a = 0; a < tv->ndim(); ++a) {
       int64_t expected = tv->shape()[a];

@@ -435,3 +435,17 @@ def test_random_and_variance_arguments_are_checked():
         fd.add_output(var)
     data = np.array([1.0, 2.0, 4.0, 7.0], np.float32)
     np.testing.assert_allclose(fd.execute([data])[0], np.var(data.astype(np.float64), ddof=1), rtol=1e-6)
+
+
+def test_a_mesh_split_into_other_than_the_mesh_size_says_so():
+    """Split into 2 parts on a mesh of one device: the error named an expected extent computed for the
+    mesh's count, pointing the user at the shape instead of the split."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 3], DataType.Float)
+        fd.add_output(fd.ops.relu(x))
+        x.set_device_mesh(DeviceMesh([0]))
+        x.outer_split(0, 2)
+        x.axis(0).parallelize(ParallelType.mesh_x)
+    with pytest.raises(ValueError, match=r"T0 \(input 0\) axis 0 is split into 2 parts along mesh_x but "
+                                         r"DeviceMesh\{0\} has 1 devices there"):
+        fd.execute([np.ones((2, 3), np.float32)])
