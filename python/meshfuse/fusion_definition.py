@@ -280,6 +280,9 @@ class _Ops:
         x = self._tensor(x, "slice")
         starts = _int_list(start_indices, "slice: start_indices")
         ends = _int_list(end_indices, "slice: end_indices")
+        if len(starts) != x.ndim or len(ends) != x.ndim:  # said here: the default strides are not the user's
+            raise ValueError(f"slice({x.name}): expected {x.ndim} start and end indices (one per axis), got "
+                             f"{len(starts)} and {len(ends)}")
         steps = [1] * x.ndim if strides is None else _int_list(strides, "slice: strides")
         return _C.ops.slice(x, starts, ends, steps)
 

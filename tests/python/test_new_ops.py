@@ -182,6 +182,15 @@ def test_slice(rng, starts, ends, strides):
     np.testing.assert_array_equal(out, x[starts[0]:ends[0]:steps[0], starts[1]:ends[1]:steps[1]])
 
 
+def test_slice_with_too_few_indices_names_the_indices_given():
+    """The default strides (one per axis) used to be cited as if the user had passed them."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([5, 9])
+        with pytest.raises(ValueError, match=r"slice\(T0\): expected 2 start and end indices \(one per axis\), "
+                                             r"got 2 and 1"):
+            fd.ops.slice(x, [0, 0], [1])
+
+
 def test_slice_of_a_non_contiguous_input_then_pointwise(rng):
     x = random_array(rng, (8, 10), np.float64).T  # column-major view
     (out,) = run_fusion(lambda fd, t: fd.ops.mul(fd.ops.slice(t, [1, 2], [9, 7], [2, 1]), 2.0), x, symbolic=False)
