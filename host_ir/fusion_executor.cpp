@@ -1,7 +1,6 @@
 #include "host_ir/fusion_executor.h"
 
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <sstream>
@@ -15,6 +14,7 @@
 #include "multidevice/communicator.h"
 #include "multidevice/debug_log.h"
 #include "multidevice/resharding.h"
+#include "multidevice/timeout_env.h"
 #include "runtime/segment.h"
 
 namespace meshfuse {
@@ -27,7 +27,7 @@ struct FusionExecutorCache::Program {
 };
 
 namespace {
-// MESHFUSE_TIMEOUT (seconds, a trailing "s" allowed) overrides the parameters' timeout. A value that is
+// MESHFUSE_TIMEOUT (multidevice/timeout_env.h) overrides the parameters' timeout. A value that is
 // not a positive number is an error (it used to be ignored, leaving the user's intended limit
 // unenforced): `error` says so, for execute to raise on every rank through its input agreement,
 // which meanwhile runs under the parameters' timeout.
@@ -37,16 +37,8 @@ struct TimeoutSetting {
 };
 
 TimeoutSetting effectiveTimeout(const HostIrEvaluatorParams& params) {
-  if (const char* env = std::getenv("MESHFUSE_TIMEOUT"); env && *env) {
-    char* end = nullptr;
-    double seconds = std::strtod(env, &end);
-    if (end != env && *end == 's') ++end;
-    if (end != env && *end == '\0' && seconds > 0 && std::isfinite(seconds))
-      return {std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)), ""};
-    return {params.timeout,
-            std::string("MESHFUSE_TIMEOUT=") + env + ": expected a positive number of seconds (e.g. 60)"};
-  }
-  return {params.timeout, ""};
+  EnvTimeout env = timeoutFromEnvironment();
+  return {env.value.value_or(params.timeout), env.error};
 }
 
 void checkMeshesFitWorld(const Fusion& fusion, int64_t world_size) {
@@ -165,6 +157,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
       if (!timeout_error.empty()) throw UserError(timeout_error);
       checkMeshesFitWorld(*fusion_, comm->size());
       sig = checkLocalInputs(*fusion_, inputs, rank);
+      if (!trace_path.empty() && rank == 0) checkTraceWritable(trace_path);  // rank 0 writes it
       sig.trace = !trace_path.empty();
       sig.rng_seed = randomSeed();
       sig.rng_offset = nextRandomOffset().load();
@@ -176,6 +169,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     advanceRandomOffsetTo(sig.rng_offset);
   } else {
     if (!timeout_error.empty()) throw UserError(timeout_error);
+    if (!trace_path.empty() && rank == 0) checkTraceWritable(trace_path);
     if (multi) checkMeshesFitWorld(*fusion_, comm->size());
     sig = checkLocalInputs(*fusion_, inputs, rank);
   }
@@ -203,6 +197,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
         program->output_shapes.push_back(found == shapes.end() ? std::vector<int64_t>{} : found->second);
       }
       program->hic = HostIrLower(params.lower).lower(lowered, shapes, rank, device);
+      program->hic->number_of_streams = params.executor.number_of_streams;  // as the log below prints it
       program->executor = executorFor(device);
       if (debug::enabled(debug::Level::Info)) debug::info("lowered a new host program:\n" + program->hic->toString());
       return program;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <unordered_set>
 
@@ -159,6 +160,20 @@ void HostIrLower::findStreamLoops(const Fusion& fusion, const GlobalShapes& shap
         absorbed_[e] = true;
       }
     }
+  }
+  // A stream split no loop uses is a schedule the user asked for and would not get: it used to be
+  // dropped silently (the program then ran unpipelined), so it is an error naming the two forms.
+  std::set<const TensorView*> pipelined;
+  for (const auto& [at, plan] : loop_at_)
+    pipelined.insert(plan.kind == StreamLoop::Kind::AllgatherThenMatmul ? plan.matmul->out() : plan.set->out());
+  for (const auto& v : fusion.vals()) {
+    if (!v->isTensor()) continue;
+    const auto* tv = static_cast<const TensorView*>(v.get());
+    if (tv->streamAxis() < 0 || pipelined.count(tv) || !onThisRank(tv, rank)) continue;
+    throw UserError(tv->name() + ": its stream split " + tv->loopToString() +
+                    " pipelines nothing: a stream axis is the rows (axis 0) of a matmul's result whose first "
+                    "operand is allgathered along its rows, or of a reduce-scatter of a matmul's result along its "
+                    "rows (docs/overlap.md)");
   }
 }
 

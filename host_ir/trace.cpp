@@ -4,6 +4,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "ir/ir.h"
+
 namespace meshfuse {
 
 namespace {
@@ -43,6 +45,11 @@ std::string Tracer::toJsonEvents(int64_t rank) const {
        << R"(,"tid":)" << e.lane << R"(,"ts":)" << e.begin_us << R"(,"dur":)" << (e.end_us - e.begin_us) << "}";
   }
   return os.str();
+}
+
+void checkTraceWritable(const std::string& path) {
+  std::ofstream out(path, std::ios::app);
+  if (!out) throw UserError("cannot write the trace to " + path + " (trace= or MESHFUSE_TRACE)");
 }
 
 void writeTrace(const std::string& path, const std::vector<std::string>& per_rank_events) {

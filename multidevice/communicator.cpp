@@ -13,6 +13,7 @@
 
 #include "backends/mpi/mpi_helpers.h"
 #include "multidevice/backend_plugins.h"
+#include "multidevice/timeout_env.h"
 #include "runtime/device_count.h"
 
 namespace meshfuse {
@@ -53,14 +54,7 @@ int tagForTeam(const std::vector<int64_t>& team) {
 }
 
 // The deadline of Communicator::barrier: MESHFUSE_TIMEOUT seconds, 300 s by default.
-std::chrono::milliseconds barrierTimeout() {
-  if (const char* env = std::getenv("MESHFUSE_TIMEOUT")) {
-    char* end = nullptr;
-    double seconds = std::strtod(env, &end);
-    if (end != env && seconds > 0) return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  }
-  return std::chrono::seconds(300);
-}
+std::chrono::milliseconds barrierTimeout() { return timeoutFromEnvironmentOr(std::chrono::seconds(300)); }
 
 std::string availableList(const std::vector<CommunicatorBackend>& types) {
   std::string out;

@@ -21,6 +21,7 @@
 #include "backends/gloo/gloo_work.h"
 #include "backends/self_mailbox.h"
 #include "multidevice/communicator.h"
+#include "multidevice/timeout_env.h"
 
 namespace meshfuse {
 
@@ -81,12 +82,7 @@ struct PointToPoint {
 }  // namespace
 
 std::chrono::milliseconds GlooBackend::defaultOperationTimeout() {
-  if (const char* env = std::getenv("MESHFUSE_TIMEOUT")) {
-    char* end = nullptr;
-    const double seconds = std::strtod(env, &end);
-    if (end != env && seconds > 0) return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  }
-  return std::chrono::seconds(300);
+  return timeoutFromEnvironmentOr(std::chrono::seconds(300));
 }
 
 GlooBackend::GlooBackend(Communicator& communicator, const std::vector<int64_t>& team,

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "multidevice/communicator.h"
+#include "multidevice/timeout_env.h"
 
 namespace meshfuse::ucc {
 
@@ -51,10 +52,6 @@ void Oob::rethrow() const {
   if (error) std::rethrow_exception(error);
 }
 
-std::chrono::milliseconds timeoutFromEnvironment() {
-  const char* env = std::getenv("MESHFUSE_TIMEOUT");
-  const double seconds = env ? std::strtod(env, nullptr) : 0.0;
-  return std::chrono::milliseconds(static_cast<int64_t>((seconds > 0 ? seconds : 300.0) * 1000));
-}
+std::chrono::milliseconds timeoutFromEnvironment() { return timeoutFromEnvironmentOr(std::chrono::seconds(300)); }
 
 }  // namespace meshfuse::ucc

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "multidevice/timeout_env.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/streams.h"
 
@@ -63,13 +64,6 @@ void checkDeviceTensor(const std::string& op, const char* name, const Tensor& t,
   if (!t.isContiguous()) throw std::invalid_argument(op + ": " + name + " " + t.toString() + " is not contiguous");
 }
 
-std::chrono::milliseconds bootstrapTimeout() {
-  if (const char* env = std::getenv("MESHFUSE_TIMEOUT")) {
-    char* end = nullptr;
-    double seconds = std::strtod(env, &end);
-    if (end != env && seconds > 0) return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  }
-  return std::chrono::seconds(300);
-}
+std::chrono::milliseconds bootstrapTimeout() { return timeoutFromEnvironmentOr(std::chrono::seconds(300)); }
 
 }  // namespace meshfuse::cuda

@@ -229,3 +229,19 @@ def test_max_over_a_sharded_axis_keeps_nan_from_any_rank(backend, dtype):
         biggest, smallest = fd.execute([block(full)])
         np.testing.assert_array_equal(biggest, np.max(full, axis=0))
         np.testing.assert_array_equal(smallest, np.min(full, axis=0))
+
+
+@pytest.mark.parametrize("how", ["env 1e10", "env inf", "timeout=inf"])
+def test_a_huge_or_infinite_timeout_waits_instead_of_expiring_at_once(monkeypatch, how):
+    """MESHFUSE_TIMEOUT=1e10 overflowed the deadline's nanoseconds: every wait expired at once and the job
+    aborted. Huge and infinite timeouts are the longest one now (100000 days), in the environment and in
+    FusionDefinition(timeout=)."""
+    if how.startswith("env"):
+        monkeypatch.setenv("MESHFUSE_TIMEOUT", how.split()[1])
+    with FusionDefinition(**({"timeout": float("inf")} if how == "timeout=inf" else {})) as fd:
+        x = fd.define_tensor([4 * WORLD, 6])
+        y = fd.ops.set(x)
+        fd.add_output(y)
+        shard(x)
+        y.set_device_mesh(MESH)
+    np.testing.assert_array_equal(fd.execute([block(FULL)])[0], FULL)

@@ -1,7 +1,7 @@
 """fd.output_shardings() and gather_tensor (run under mpirun -np 2 / 4): where execute left each output
 (its mesh, the axes sharding propagation split, its bound global extents) and the global array
 assembled from every rank's part, checked against numpy on every rank, for outputs sharded by
-propagation, by annotation (on a 2-D mesh, with a stream split, among them), replicated, and on a mesh that
+propagation, by annotation (on a 2-D mesh, and a stream-pipelined one, among them), replicated, and on a mesh that
 leaves ranks out."""
 import numpy as np
 import pytest
@@ -53,22 +53,19 @@ def test_column_parallel_output_is_found_sharded_and_gathers_to_the_product(back
 
 
 def test_annotated_output_on_a_two_dimensional_mesh_gathers_in_place():
-    """An output annotated with rows on mesh_y and columns on mesh_x of a [2, d/2] mesh (a stream split
-    of its rows too, which is a schedule, not a placement): each element lands where the global array
-    has it."""
+    """An output annotated with rows on mesh_y and columns on mesh_x of a [2, d/2] mesh: each element
+    lands where the global array has it."""
     if WORLD % 2:
         pytest.skip("a [2, WORLD/2] mesh needs an even world")
     mesh = DeviceMesh(range(WORLD), [2, WORLD // 2])
     full = RNG.standard_normal((4, 3 * WORLD)).astype(np.float32)
-    with FusionDefinition(number_of_streams=2) as fd:
+    with FusionDefinition() as fd:
         a = fd.define_tensor([4, 3 * WORLD], DataType.Float)
         b = fd.ops.mul(a, a)
         fd.add_output(b)
         a.set_device_mesh(mesh)
         shard(b, 0, ParallelType.mesh_y, mesh)
         shard(b, 2, ParallelType.mesh_x, mesh)   # loop axis 2: logical axis 1 after the row split
-        b.outer_split(1, 2)                      # [mesh_y:i0o, i0io{2}, i0ii, mesh_x:i1o, i1i]
-        b.axis(1).parallelize(ParallelType.stream)
     (b_local,) = fd.execute([full])
     (bs,) = fd.output_shardings()
     assert bs.sharded_axis(ParallelType.mesh_y) == 0 and bs.sharded_axis(ParallelType.mesh_x) == 1, bs
@@ -112,3 +109,28 @@ def test_sequence_sharded_output_of_a_view_chain_gathers_on_every_backend():
         assert ys.shape == [b_, h, s_, dh] and ys.sharded_axis(ParallelType.mesh_x) == 2, ys
         np.testing.assert_array_equal(gather_tensor(y_local, ys, backend=backend),
                                       full.reshape(b_, s_, h, dh).transpose(0, 2, 1, 3))
+
+
+def test_a_stream_pipelined_output_gathers_like_any_other():
+    """The allgather + linear loop of docs/overlap.md: y's rows are split into stream chunks, a schedule
+    and not a placement, so gathering y gives x w^T whole."""
+    rows, k, n = 4 * WORLD, 3, 2 * WORLD
+    x_np = RNG.standard_normal((rows, k)).astype(np.float32)
+    w_np = RNG.standard_normal((n, k)).astype(np.float32)
+    with FusionDefinition(number_of_streams=2) as fd:
+        x = fd.define_tensor([rows, k], DataType.Float)
+        w = fd.define_tensor([n, k], DataType.Float)
+        y = fd.ops.linear(x, w)
+        fd.add_output(y)
+        shard(x, 0)
+        shard(w, 0)
+        y.set_device_mesh(MESH)
+        y.outer_split(1, WORLD)
+        y.axis(1).parallelize(ParallelType.mesh_x)
+        y.outer_split(0, 2)
+        y.axis(0).parallelize(ParallelType.stream)
+    (y_local,) = fd.execute([shard_tensor(x_np, x, RANK), shard_tensor(w_np, w, RANK)])
+    assert "ForLoop" in fd.host_ir()
+    (ys,) = fd.output_shardings()
+    assert ys.sharded_axis(ParallelType.mesh_x) == 1 and ys.sharded_axis(ParallelType.stream) == 0, ys
+    np.testing.assert_allclose(gather_tensor(y_local, ys), x_np.astype(np.float64) @ w_np.T, rtol=1e-5, atol=1e-5)

@@ -122,3 +122,41 @@ def test_chunks_that_do_not_divide_the_local_rows_are_a_value_error_on_every_ran
 def test_chunks_that_do_not_divide_the_global_rows_fail_at_definition(pattern):
     with pytest.raises(ValueError, match=r"does not split evenly by 3"):
         program(pattern, BACKENDS[0], "float32", 3)  # 16 * WORLD rows
+
+
+@pytest.mark.parametrize("where", ["the result's columns", "an input's rows", "a replicated linear"])
+def test_a_stream_split_that_pipelines_nothing_raises_on_every_rank(where):
+    """Stream splits outside the two pipelined forms used to be dropped silently (the program ran as one
+    allgather and one matmul); they raise, naming the tensor and the forms, on every rank."""
+    from meshfuse import FusionDefinition, ParallelType
+    from meshfuse.multidevice import DeviceMesh, shard_tensor
+    mesh = DeviceMesh(range(WORLD))
+
+    def shard(tv, axis):
+        tv.set_device_mesh(mesh)
+        tv.outer_split(axis, WORLD)
+        tv.axis(axis).parallelize(ParallelType.mesh_x)
+
+    with FusionDefinition(backend_type=CommunicatorBackend.mpi, number_of_streams=2) as fd:
+        x = fd.define_tensor([4 * WORLD, 8], DataType.Float)
+        w = fd.define_tensor([2 * WORLD, 8], DataType.Float)
+        y = fd.ops.linear(x, w)
+        fd.add_output(y)
+        if where == "a replicated linear":
+            for t in (x, w, y):
+                t.set_device_mesh(mesh)
+            y.outer_split(0, 2)
+            y.axis(0).parallelize(ParallelType.stream)
+        else:
+            shard(x, 0)
+            shard(w, 0)
+            y.set_device_mesh(mesh)
+            y.outer_split(1, WORLD)
+            y.axis(1).parallelize(ParallelType.mesh_x)
+            tv, axis = (y, 2) if where == "the result's columns" else (x, 2)
+            tv.outer_split(axis, 2)
+            tv.axis(axis).parallelize(ParallelType.stream)
+    x_np = np.ones((4 * WORLD, 8), np.float32)
+    w_np = np.ones((2 * WORLD, 8), np.float32)
+    with pytest.raises(ValueError, match=r"its stream split .* pipelines nothing"):
+        fd.execute([shard_tensor(x_np, x, RANK), shard_tensor(w_np, w, RANK)])

@@ -103,10 +103,8 @@ def test_trace_from_the_environment(monkeypatch):
             assert {e["pid"] for e in events if e.get("ph") == "X"} == set(range(WORLD))
 
 
-def test_a_trace_asked_on_one_rank_only_fails_on_every_rank():
-    """A trace is gathered from every rank, so it is asked on all or none: rank 0 alone asking used to
-    end the job in an MPI truncation error. Every rank raises, naming both, and the next execution,
-    traced on every rank, writes its file."""
+def gather_of_rows():
+    """An allgather of a [2 * WORLD, 3] tensor's row blocks (no stream split), on MPI."""
     from meshfuse import DataType, FusionDefinition, ParallelType
     from meshfuse.multidevice import DeviceMesh
     mesh = DeviceMesh(range(WORLD))
@@ -118,6 +116,14 @@ def test_a_trace_asked_on_one_rank_only_fails_on_every_rank():
         x.outer_split(0, WORLD)
         x.axis(0).parallelize(ParallelType.mesh_x)
         y.set_device_mesh(mesh)
+    return fd
+
+
+def test_a_trace_asked_on_one_rank_only_fails_on_every_rank():
+    """A trace is gathered from every rank, so it is asked on all or none: rank 0 alone asking used to
+    end the job in an MPI truncation error. Every rank raises, naming both, and the next execution,
+    traced on every rank, writes its file."""
+    fd = gather_of_rows()
     local = np.full((2, 3), RANK, np.float32)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "t.json")
@@ -128,3 +134,13 @@ def test_a_trace_asked_on_one_rank_only_fails_on_every_rank():
         if RANK == 0:
             with open(path) as f:
                 assert {e["pid"] for e in json.load(f)["traceEvents"] if "pid" in e} >= set(range(WORLD))
+
+
+def test_a_trace_path_rank_0_cannot_write_fails_on_every_rank_before_running():
+    """Rank 0 writes the trace: a path it cannot open used to raise there alone, after the program ran,
+    while the other ranks returned normally."""
+    fd = gather_of_rows()
+    local = np.full((2, 3), RANK, np.float32)
+    with pytest.raises(ValueError, match="cannot write the trace to /nonexistent-meshfuse-dir/t.json"):
+        fd.execute([local], trace="/nonexistent-meshfuse-dir/t.json")
+    np.testing.assert_array_equal(fd.execute([local])[0][:, 0], np.repeat(np.arange(WORLD), 2))
