@@ -1,5 +1,8 @@
 #include "host_ir/trace.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -48,8 +51,12 @@ std::string Tracer::toJsonEvents(int64_t rank) const {
 }
 
 void checkTraceWritable(const std::string& path) {
-  std::ofstream out(path, std::ios::app);
-  if (!out) throw UserError("cannot write the trace to " + path + " (trace= or MESHFUSE_TRACE)");
+  // Without creating it: an execution that fails later leaves no empty file behind.
+  const std::filesystem::path file(path);
+  const std::filesystem::path folder = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+  const bool writable = ::access(path.c_str(), F_OK) == 0 ? ::access(path.c_str(), W_OK) == 0
+                                                          : ::access(folder.c_str(), W_OK | X_OK) == 0;
+  if (!writable) throw UserError("cannot write the trace to " + path + " (trace= or MESHFUSE_TRACE)");
 }
 
 void writeTrace(const std::string& path, const std::vector<std::string>& per_rank_events) {

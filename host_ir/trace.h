@@ -35,7 +35,7 @@ class Tracer {
 
 // Writes {"traceEvents": [...]} from per-rank event lists (each from toJsonEvents).
 void writeTrace(const std::string& path, const std::vector<std::string>& per_rank_events);
-// Throws UserError when `path` cannot be opened for writing (it is opened, not truncated): checked before
+// Throws UserError when `path` cannot be written (its folder, where it does not exist yet): checked before
 // an execution runs, so that every rank raises instead of rank 0 alone once the program has run.
 void checkTraceWritable(const std::string& path);
 
