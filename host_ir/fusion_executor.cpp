@@ -100,10 +100,26 @@ std::atomic<uint64_t>& nextRandomOffset() {
 }
 
 // Read at each execution (a lookup in the environment), so that a process may change it between runs.
-uint64_t randomSeed() {
+// Digits only, below 2**53 (seeds travel as doubles); anything else is an error (it used to be read as
+// whatever strtoull made of it: "abc" as 0, "1.5" as 1), raised by execute on every rank.
+constexpr uint64_t kDefaultSeed = 0x6d657368;
+struct SeedSetting {
+  uint64_t seed = kDefaultSeed;
+  std::string error;
+};
+
+SeedSetting randomSeedSetting() {
   const char* env = std::getenv("MESHFUSE_SEED");
-  return env ? std::strtoull(env, nullptr, 10) : uint64_t{0x6d657368};
+  if (env == nullptr || *env == '\0') return {};
+  const std::string text(env);
+  const bool digits = text.find_first_not_of("0123456789") == std::string::npos && text.size() <= 16;
+  const uint64_t value = digits ? std::stoull(text) : 0;
+  if (!digits || value >= (uint64_t{1} << 53))
+    return {kDefaultSeed, "MESHFUSE_SEED=" + text + ": expected a non-negative integer below 2**53"};
+  return {value, ""};
 }
+
+uint64_t randomSeed() { return randomSeedSetting().seed; }
 
 void advanceRandomOffsetTo(uint64_t agreed) {
   std::atomic<uint64_t>& next = nextRandomOffset();
@@ -144,7 +160,8 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   const int64_t rank = comm ? comm->rank() : 0;
   const TimeoutSetting timeout_setting = effectiveTimeout(params.executor);
   const auto timeout = timeout_setting.timeout;
-  const std::string& timeout_error = timeout_setting.error;
+  // Settings from the environment that are not valid: raised below, on every rank.
+  const std::string setting_error = !timeout_setting.error.empty() ? timeout_setting.error : randomSeedSetting().error;
 
   std::string trace_path = params.executor.trace_path;
   if (const char* env = std::getenv("MESHFUSE_TRACE"); trace_path.empty() && env) trace_path = env;
@@ -154,7 +171,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     // Every rank reaches the agreement with a verdict, so none is left waiting in a collective.
     std::string error;
     try {
-      if (!timeout_error.empty()) throw UserError(timeout_error);
+      if (!setting_error.empty()) throw UserError(setting_error);
       checkMeshesFitWorld(*fusion_, comm->size());
       sig = checkLocalInputs(*fusion_, inputs, rank);
       if (!trace_path.empty() && rank == 0) checkTraceWritable(trace_path);  // rank 0 writes it
@@ -168,7 +185,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
                             [&] { return agreeOnInputs(*fusion_, error.empty() ? &sig : nullptr, error, timeout); });
     advanceRandomOffsetTo(sig.rng_offset);
   } else {
-    if (!timeout_error.empty()) throw UserError(timeout_error);
+    if (!setting_error.empty()) throw UserError(setting_error);
     if (!trace_path.empty() && rank == 0) checkTraceWritable(trace_path);
     if (multi) checkMeshesFitWorld(*fusion_, comm->size());
     sig = checkLocalInputs(*fusion_, inputs, rank);

@@ -167,6 +167,13 @@ Decoded decode(const std::string& blob) {
 }
 }  // namespace
 
+namespace {
+// The default seed (runtime's, MESHFUSE_SEED unset) said as such rather than as its number.
+std::string seedText(uint64_t seed) {
+  return seed == 0x6d657368 ? std::to_string(seed) + ", the default: unset" : std::to_string(seed);
+}
+}  // namespace
+
 InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, const std::string& my_error,
                              std::chrono::milliseconds timeout) {
   Communicator& comm = Communicator::instance();
@@ -203,8 +210,8 @@ InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, c
                       " does not: a trace is gathered from every rank, so pass the same trace= (or set "
                       "MESHFUSE_TRACE) on every rank; rank 0 writes the file");
     if (s.rng_seed != decoded[0].sig.rng_seed)
-      throw UserError("execute: ranks disagree on MESHFUSE_SEED (" + std::to_string(decoded[0].sig.rng_seed) +
-                      " on rank 0, " + std::to_string(s.rng_seed) + " on rank " + std::to_string(r) +
+      throw UserError("execute: ranks disagree on MESHFUSE_SEED (" + seedText(decoded[0].sig.rng_seed) +
+                      " on rank 0, " + seedText(s.rng_seed) + " on rank " + std::to_string(r) +
                       "): random tensors would differ between ranks; set the same seed on every rank");
     merged.rng_offset = std::max(merged.rng_offset, s.rng_offset);
   }

@@ -450,3 +450,16 @@ def test_a_mesh_split_into_other_than_the_mesh_size_says_so():
     with pytest.raises(ValueError, match=r"T0 \(input 0\) axis 0 is split into 2 parts along mesh_x but "
                                          r"DeviceMesh\{0\} has 1 devices there"):
         fd.execute([np.ones((2, 3), np.float32)])
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5", "42abc", "-1", "99999999999999999999"])
+def test_a_meshfuse_seed_that_is_not_a_non_negative_integer_raises(monkeypatch, value):
+    """It was read as whatever strtoull made of it: "abc" as 0, "1.5" as 1, silently."""
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.uniform(0.0, 1.0, [4]))
+    monkeypatch.setenv("MESHFUSE_SEED", value)
+    with pytest.raises(ValueError, match=f"MESHFUSE_SEED={re.escape(value)}: expected a non-negative integer"):
+        fd.execute([])
+    monkeypatch.setenv("MESHFUSE_SEED", "42")
+    first = fd.execute([])[0]
+    assert first.shape == (4,) and 0.0 <= first.min() and first.max() < 1.0
