@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "multidevice/communicator.h"
+#include "multidevice/debug_log.h"
 #include "runtime/stream_set.h"
 
 namespace meshfuse {
@@ -45,6 +46,12 @@ int overlapSmMargin(const HostIrEvaluatorParams& params) {
 // Device marks of one chunk: before its first step, between its two steps, after the second (the
 // steps are communication then compute for an allgather loop, compute then communication for a
 // reduce-scatter loop).
+// MESHFUSE_DEBUG=INFO logs every communication as it is posted; a loop's are its chunks.
+void logChunkPost(const Communication& c, int64_t chunk, int64_t chunks) {
+  if (debug::enabled(debug::Level::Info))
+    debug::info("post chunk " + std::to_string(chunk) + " of " + std::to_string(chunks) + ": " + c.toString());
+}
+
 struct ChunkMarks {
   int start = -1, middle = -1, end = -1;
 };
@@ -98,6 +105,7 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
       Tensor chunk = x_local.slice(0, i * r, r);
       buffers[i] = Tensor::empty(withLeading(chunk.shape(), {d}), chunk.dtype(), hic.device);
       posted[i] = lanes.now();
+      logChunkPost(c, i, s);
       works[i] = backend.allgather(chunk, buffers[i]);
     };
     ShapeMap shapes = hic.local_shapes;
@@ -167,6 +175,7 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
   auto post = [&](int64_t i) {
     Tensor out_slice = y_out.slice(0, i * r, r);
     posted[i] = lanes.now();
+    logChunkPost(c, i, s);
     works[i] = backend.reduceScatter(partials[i], out_slice, c.op);
   };
   const double created_us = lanes.now();

@@ -44,5 +44,41 @@ TEST(MultiDeviceDebugLog, InfoPrintsPostedCommunicationsWithRankTeamBackendAndBy
   EXPECT_NE(log.find("in_bytes=24 out_bytes=" + std::to_string(24 * n)), std::string::npos) << log;
 }
 
+TEST(MultiDeviceDebugLog, InfoPrintsAStreamLoopsStreamCountAndEachChunksPost) {
+  Communicator& comm = Communicator::instance();
+  const int64_t n = comm.size(), rank = comm.rank();
+  std::vector<int64_t> devices(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) devices[static_cast<size_t>(i)] = i;
+  const DeviceMesh mesh(devices);
+  auto f = std::make_shared<Fusion>();
+  TensorView* x = f->newTensor(DataType::Float, {4 * n, 3});
+  TensorView* w = f->newTensor(DataType::Float, {2, 3});
+  f->addInput(x);
+  f->addInput(w);
+  TensorView* y = ops::linear(x, w);  // x's row blocks allgathered chunk by chunk into the linear
+  f->addOutput(y);
+  for (TensorView* tv : {x, w, y}) tv->setDeviceMesh(mesh);
+  x->outerSplit(0, n);
+  x->parallelize(0, ParallelType::MeshX);
+  y->outerSplit(0, 4);
+  y->parallelize(0, ParallelType::Stream);
+  FusionExecutorCache fec(f);
+  MultiDeviceExecutorParams params;
+  params.executor.number_of_streams = 2;
+
+  const debug::Level saved = debug::level();
+  debug::setLevel(debug::Level::Info);
+  ::testing::internal::CaptureStderr();
+  fec.execute({testing::shardOf(testing::randomTensor({4 * n, 3}, 92), 0, n, rank), testing::randomTensor({2, 3}, 93)},
+              params);
+  std::string log = ::testing::internal::GetCapturedStderr();
+  debug::setLevel(saved);
+
+  // The logged program is the one that runs: 2 streams (it said 1, the default, before the run set it).
+  EXPECT_NE(log.find("ParallelType::stream over 2 streams"), std::string::npos) << log;
+  for (int chunk = 0; chunk < 4; ++chunk)
+    EXPECT_NE(log.find("post chunk " + std::to_string(chunk) + " of 4: Allgather("), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace meshfuse
