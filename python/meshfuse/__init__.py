@@ -39,9 +39,11 @@ else:  # an MPI library under another name: load _C (and with it libmpi) globall
 from ._C import CommunicationTimeout, CommunicatorBackend, DataType, ParallelType
 from ._version import __version__
 from .fusion_definition import FusionDefinition
-from . import _abort_on_exception
+from . import _abort_on_exception, _settings
+from ._settings import SettingWarning
 
 _abort_on_exception.install(_C.Communicator)
+_settings.warn_about_ignored_settings()
 
 
 def available_backends():
@@ -57,6 +59,7 @@ __all__ = [
     "DataType",
     "FusionDefinition",
     "ParallelType",
+    "SettingWarning",
     "available_backends",
     "__version__",
 ]
