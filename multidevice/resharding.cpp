@@ -485,8 +485,8 @@ class ReshardingPass {
         if (sh.axis[d] >= 2)
           throw UserError(op + ": " + tv->name() + " is sharded on axis " + std::to_string(sh.axis[d]) + " (" +
                           names[std::min(sh.axis[d], 3)] + ") over " + toString(meshParallelType(d)) +
-                          "; attention can shard only batch (axis 0) and heads (axis 1): sequence sharding (ring "
-                          "attention) is not supported");
+                          "; attention can shard only batch (axis 0) and heads (axis 1)" +
+                          (sh.axis[d] == 2 ? ": sequence sharding (ring attention) is not supported" : ""));
     };
     for (Val* v : e->inputs())
       if (v->isTensor()) rejectSequenceSharding(static_cast<TensorView*>(v), shardingOf(static_cast<TensorView*>(v)));

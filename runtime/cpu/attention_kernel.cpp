@@ -189,12 +189,14 @@ MESHFUSE_SIMD_CLONES void scoreGradTile(int64_t i0, int64_t bq, int64_t bk, cons
 // a blocked loop took 21-25), against O(s^2 d) of products.
 AlignedVector<float> transposed(const float* x, int64_t rows, int64_t cols, int64_t ld) {
   AlignedVector<float> t(static_cast<size_t>(rows * cols));
+  if (rows == 0 || cols == 0) return t;  // OpenBLAS calls an empty matrix an illegal argument (and prints so)
   cblas_somatcopy(CblasRowMajor, CblasTrans, static_cast<int>(rows), static_cast<int>(cols), 1.0f, x,
                   static_cast<int>(ld), t.data(), static_cast<int>(rows));
   return t;
 }
 AlignedVector<double> transposed(const double* x, int64_t rows, int64_t cols, int64_t ld) {
   AlignedVector<double> t(static_cast<size_t>(rows * cols));
+  if (rows == 0 || cols == 0) return t;
   cblas_domatcopy(CblasRowMajor, CblasTrans, static_cast<int>(rows), static_cast<int>(cols), 1.0, x,
                   static_cast<int>(ld), t.data(), static_cast<int>(rows));
   return t;
@@ -239,7 +241,8 @@ void attentionForwardHead(const AttentionParams& p, const HeadPointers<T>& head)
     for (int64_t r = 0; r < bq; ++r) {
       head.lse[i0 + r] = m[r] + std::log(l[r]);
       if (!values) continue;
-      const T inv = T(1) / l[r];
+      // A row that saw no key (an empty key sequence) attends to nothing: zeros, not 0 / 0.
+      const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
       for (int64_t c = 0; c < dv; ++c) head.o[(i0 + r) * head.ldo + c] = acc[r * dv + c] * inv;
     }
   }

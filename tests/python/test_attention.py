@@ -282,8 +282,41 @@ def test_sequence_sharding_is_rejected_naming_op_and_axis(rng):
             t.set_device_mesh(mesh)
         q.outer_split(2, 1)
         q.axis(2).parallelize(ParallelType.mesh_x)
-    with pytest.raises(ValueError, match=r"sdpfa_fwd: T0 is sharded on axis 2 \(sequence\)"):
+    with pytest.raises(ValueError, match=r"sdpfa_fwd: T0 is sharded on axis 2 \(sequence\).*ring attention"):
         fd.execute([np.zeros([1, 2, 8, 4], np.float32)] * 3)
+
+
+def test_head_dim_sharding_is_rejected_without_talking_of_sequences():
+    mesh = DeviceMesh([0])
+    with FusionDefinition() as fd:
+        q, k, v = (fd.define_tensor([1, 2, 8, 4]) for _ in range(3))
+        out, _, _, _ = fd.ops.sdpfa_fwd(q, k, v)
+        fd.add_output(out)
+        for t in (q, k, v, out):
+            t.set_device_mesh(mesh)
+        q.outer_split(3, 1)
+        q.axis(3).parallelize(ParallelType.mesh_x)
+    with pytest.raises(ValueError, match=r"sharded on axis 3 \(head dim\) over mesh_x; attention can shard only "
+                                         r"batch \(axis 0\) and heads \(axis 1\)$"):
+        fd.execute([np.zeros([1, 2, 8, 4], np.float32)] * 3)
+
+
+def test_an_empty_key_sequence_attends_to_nothing(capfd):
+    """No key: each query's output is zeros (0 / 0 gave NaN) and its logsumexp -inf; no BLAS call on an
+    empty matrix (OpenBLAS printed "illegal value" for each)."""
+    with FusionDefinition() as fd:
+        q = fd.define_tensor([1, 2, 4, 3])
+        k = fd.define_tensor([1, 2, 0, 3])
+        v = fd.define_tensor([1, 2, 0, 3])
+        out, lse, _, _ = fd.ops.sdpfa_fwd(q, k, v)
+        fd.add_output(out)
+        fd.add_output(lse)
+    rng = np.random.default_rng(5)
+    got_out, got_lse = fd.execute([rng.standard_normal((1, 2, 4, 3)).astype(np.float32),
+                                   np.zeros((1, 2, 0, 3), np.float32), np.zeros((1, 2, 0, 3), np.float32)])
+    np.testing.assert_array_equal(got_out, np.zeros((1, 2, 4, 3), np.float32))
+    assert np.all(np.isneginf(got_lse))
+    assert "illegal value" not in capfd.readouterr().err
 
 
 def test_heads_sharded_on_one_device_is_local(rng):

@@ -68,3 +68,14 @@ def test_shard_like_copies_mesh_and_loop_and_checks_its_argument():
 def test_gather_tensor_wants_a_tensor_view():
     with pytest.raises(TypeError, match="gather_tensor: tv must be a TensorView, got str"):
         gather_tensor(np.zeros(2), "T0")
+
+
+def test_shard_tensor_of_a_zero_dimensional_array_is_an_array():
+    """Indexing with () gave a numpy scalar, which execute refuses (the layer's sdpa_seed on a mesh)."""
+    with FusionDefinition() as fd:
+        s = fd.define_tensor([], DataType.Int)
+        fd.add_output(fd.ops.add(s, 1))
+        s.set_device_mesh(DeviceMesh([0]))
+    shard = shard_tensor(np.array(41), s, 0)
+    assert isinstance(shard, np.ndarray) and shard.shape == ()
+    assert int(fd.execute([shard])[0]) == 42

@@ -52,9 +52,10 @@ def shard_tensor(full, tv, rank):
                 index.append(slice(None))
                 local *= extent
         local_shape.append(local)
-    shard = full.reshape(split_shape)[tuple(index)].reshape(local_shape)
-    if isinstance(shard, np.ndarray):
-        return np.ascontiguousarray(shard)
+    # (A 0-d array has nothing to index: indexing it with () would give a numpy scalar, not an array.)
+    shard = full.reshape(split_shape)[tuple(index)].reshape(local_shape) if index else full.reshape(local_shape)
+    if isinstance(shard, np.ndarray):  # (not np.ascontiguousarray, which makes a 0-d array 1-d)
+        return shard if shard.flags.c_contiguous else shard.copy(order="C")
     if _arrays.is_torch_tensor(shard):
         return shard.contiguous()
     return shard
