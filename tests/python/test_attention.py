@@ -270,7 +270,13 @@ def test_bad_inputs_raise_clear_errors():
             fd.ops.sdpfa_bwd(out, q, q, q, out, lse, 0.0, False, lse, offset)
 
 
-def test_sequence_sharding_is_rejected_naming_op_and_axis(rng):
+@pytest.mark.parametrize("axis,message", [
+    (2, r"sdpfa_fwd: T0 is sharded on axis 2 \(sequence\) over mesh_x; attention can shard only batch \(axis 0\) "
+        r"and heads \(axis 1\): sequence sharding \(ring attention\) is not supported"),
+    (3, r"sdpfa_fwd: T0 is sharded on axis 3 \(head dim\) over mesh_x; attention can shard only batch \(axis 0\) "
+        r"and heads \(axis 1\)$"),
+], ids=["sequence", "head-dim"])
+def test_sequence_or_head_dim_sharding_is_rejected_naming_op_and_axis(axis, message):
     mesh = DeviceMesh([0])
     with FusionDefinition() as fd:
         q = fd.define_tensor([1, 2, 8, 4])
@@ -280,24 +286,9 @@ def test_sequence_sharding_is_rejected_naming_op_and_axis(rng):
         fd.add_output(out)
         for t in (q, k, v, out):
             t.set_device_mesh(mesh)
-        q.outer_split(2, 1)
-        q.axis(2).parallelize(ParallelType.mesh_x)
-    with pytest.raises(ValueError, match=r"sdpfa_fwd: T0 is sharded on axis 2 \(sequence\).*ring attention"):
-        fd.execute([np.zeros([1, 2, 8, 4], np.float32)] * 3)
-
-
-def test_head_dim_sharding_is_rejected_without_talking_of_sequences():
-    mesh = DeviceMesh([0])
-    with FusionDefinition() as fd:
-        q, k, v = (fd.define_tensor([1, 2, 8, 4]) for _ in range(3))
-        out, _, _, _ = fd.ops.sdpfa_fwd(q, k, v)
-        fd.add_output(out)
-        for t in (q, k, v, out):
-            t.set_device_mesh(mesh)
-        q.outer_split(3, 1)
-        q.axis(3).parallelize(ParallelType.mesh_x)
-    with pytest.raises(ValueError, match=r"sharded on axis 3 \(head dim\) over mesh_x; attention can shard only "
-                                         r"batch \(axis 0\) and heads \(axis 1\)$"):
+        q.outer_split(axis, 1)
+        q.axis(axis).parallelize(ParallelType.mesh_x)
+    with pytest.raises(ValueError, match=message):
         fd.execute([np.zeros([1, 2, 8, 4], np.float32)] * 3)
 
 
