@@ -102,9 +102,8 @@ std::atomic<uint64_t>& nextRandomOffset() {
 // Read at each execution (a lookup in the environment), so that a process may change it between runs.
 // Digits only, below 2**53 (seeds travel as doubles); anything else is an error (it used to be read as
 // whatever strtoull made of it: "abc" as 0, "1.5" as 1), raised by execute on every rank.
-constexpr uint64_t kDefaultSeed = 0x6d657368;
 struct SeedSetting {
-  uint64_t seed = kDefaultSeed;
+  uint64_t seed = kDefaultRandomSeed;
   std::string error;
 };
 
@@ -115,11 +114,9 @@ SeedSetting randomSeedSetting() {
   const bool digits = text.find_first_not_of("0123456789") == std::string::npos && text.size() <= 16;
   const uint64_t value = digits ? std::stoull(text) : 0;
   if (!digits || value >= (uint64_t{1} << 53))
-    return {kDefaultSeed, "MESHFUSE_SEED=" + text + ": expected a non-negative integer below 2**53"};
+    return {kDefaultRandomSeed, "MESHFUSE_SEED=" + text + ": expected a non-negative integer below 2**53"};
   return {value, ""};
 }
-
-uint64_t randomSeed() { return randomSeedSetting().seed; }
 
 void advanceRandomOffsetTo(uint64_t agreed) {
   std::atomic<uint64_t>& next = nextRandomOffset();
@@ -128,8 +125,7 @@ void advanceRandomOffsetTo(uint64_t agreed) {
   }
 }
 
-void bindFreshRandomState(const Fusion& lowered, ValueMap& values) {
-  const uint64_t seed = randomSeed();
+void bindFreshRandomState(const Fusion& lowered, ValueMap& values, uint64_t seed) {
   for (const auto& e : lowered.exprs()) {
     if (!e->attrs().fresh_rng) continue;
     // The pair is the expr's last two operands (uniform/normal, sdpfa_fwd).
@@ -160,23 +156,27 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   const int64_t rank = comm ? comm->rank() : 0;
   const TimeoutSetting timeout_setting = effectiveTimeout(params.executor);
   const auto timeout = timeout_setting.timeout;
-  // Settings from the environment that are not valid: raised below, on every rank.
-  const std::string setting_error = !timeout_setting.error.empty() ? timeout_setting.error : randomSeedSetting().error;
-
+  const SeedSetting seed_setting = randomSeedSetting();  // read once: the agreement and the binding use it
   std::string trace_path = params.executor.trace_path;
   if (const char* env = std::getenv("MESHFUSE_TRACE"); trace_path.empty() && env) trace_path = env;
+  // This rank's settings from the environment and its trace path, checked before anything runs (in the
+  // multi-rank case inside the agreement, so that every rank raises).
+  auto checkSettings = [&] {
+    if (!timeout_setting.error.empty()) throw UserError(timeout_setting.error);
+    if (!seed_setting.error.empty()) throw UserError(seed_setting.error);
+    if (!trace_path.empty() && rank == 0) checkTraceWritable(trace_path);  // rank 0 writes it
+  };
 
   InputSignature sig;
   if (multi && comm->size() > 1) {
     // Every rank reaches the agreement with a verdict, so none is left waiting in a collective.
     std::string error;
     try {
-      if (!setting_error.empty()) throw UserError(setting_error);
+      checkSettings();
       checkMeshesFitWorld(*fusion_, comm->size());
       sig = checkLocalInputs(*fusion_, inputs, rank);
-      if (!trace_path.empty() && rank == 0) checkTraceWritable(trace_path);  // rank 0 writes it
       sig.trace = !trace_path.empty();
-      sig.rng_seed = randomSeed();
+      sig.rng_seed = seed_setting.seed;
       sig.rng_offset = nextRandomOffset().load();
     } catch (const UserError& e) {
       error = e.what();
@@ -185,8 +185,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
                             [&] { return agreeOnInputs(*fusion_, error.empty() ? &sig : nullptr, error, timeout); });
     advanceRandomOffsetTo(sig.rng_offset);
   } else {
-    if (!setting_error.empty()) throw UserError(setting_error);
-    if (!trace_path.empty() && rank == 0) checkTraceWritable(trace_path);
+    checkSettings();
     if (multi) checkMeshesFitWorld(*fusion_, comm->size());
     sig = checkLocalInputs(*fusion_, inputs, rank);
   }
@@ -254,7 +253,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     else if (sig.present[i] && std::holds_alternative<Tensor>(inputs[i]))
       values.tensors[v] = std::get<Tensor>(inputs[i]);
   }
-  bindFreshRandomState(lowered, values);
+  bindFreshRandomState(lowered, values, seed_setting.seed);
   HostIrEvaluatorParams eval_params = params.executor;
   eval_params.timeout = timeout;
   program.hic->number_of_streams = eval_params.number_of_streams;

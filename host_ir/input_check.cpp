@@ -165,12 +165,10 @@ Decoded decode(const std::string& blob) {
   }
   return d;
 }
-}  // namespace
 
-namespace {
-// The default seed (runtime's, MESHFUSE_SEED unset) said as such rather than as its number.
+// The default seed (MESHFUSE_SEED unset) said as such rather than as its number.
 std::string seedText(uint64_t seed) {
-  return seed == 0x6d657368 ? std::to_string(seed) + ", the default: unset" : std::to_string(seed);
+  return seed == kDefaultRandomSeed ? std::to_string(seed) + ", the default: unset" : std::to_string(seed);
 }
 }  // namespace
 

@@ -12,6 +12,9 @@
 
 namespace meshfuse {
 
+// The seed of uniform/normal/dropout draws without one of their own, when MESHFUSE_SEED is unset.
+constexpr uint64_t kDefaultRandomSeed = 0x6d657368;
+
 struct InputSignature {
   std::vector<bool> present;  // whether this rank holds input i
   std::vector<DataType> dtypes;

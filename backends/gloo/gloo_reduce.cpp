@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <stdexcept>
 
-#include "backends/nan_propagating.h"
 #include "runtime/half.h"
+#include "runtime/nan_propagating.h"
 
 namespace meshfuse::gloo_backend {
 

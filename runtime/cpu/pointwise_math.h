@@ -13,6 +13,7 @@
 #include "runtime/cpu/element_traits.h"
 #include "runtime/cpu/fast_exp.h"
 #include "runtime/cpu/simd_clones.h"
+#include "runtime/nan_propagating.h"
 
 namespace meshfuse::cpu {
 
@@ -87,9 +88,9 @@ MESHFUSE_SIMD_CLONES void applyBinary(OpType op, TileOperand<T> a, TileOperand<T
     case OpType::Sub: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x - y); });
     case OpType::Mul: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x * y); });
     case OpType::Div: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x / y); });
-    // maximum/minimum propagate NaN from either side (x != x is false for integers).
-    case OpType::Max: return mapBinary(a, b, out, n, [](T x, T y) { return (x != x || x > y) ? x : y; });
-    case OpType::Min: return mapBinary(a, b, out, n, [](T x, T y) { return (x != x || x < y) ? x : y; });
+    // maximum/minimum propagate NaN from either side (runtime/nan_propagating.h).
+    case OpType::Max: return mapBinary(a, b, out, n, [](T x, T y) { return nanPropagatingMax(x, y); });
+    case OpType::Min: return mapBinary(a, b, out, n, [](T x, T y) { return nanPropagatingMin(x, y); });
     case OpType::Pow: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(std::pow(x, y)); });
     // Comparisons and logical ops yield 0 or 1 in T; the Bool result stores them as bytes.
     case OpType::Lt: return mapBinary(a, b, out, n, [](T x, T y) { return static_cast<T>(x < y); });

@@ -22,6 +22,7 @@
 #include "runtime/cpu/element_traits.h"
 #include "runtime/cpu/simd_clones.h"
 #include "runtime/cpu/strided_space.h"
+#include "runtime/nan_propagating.h"
 
 namespace meshfuse::cpu {
 
@@ -48,7 +49,7 @@ struct MaxOp {
     else
       return std::numeric_limits<A>::lowest();
   }
-  static A combine(A x, A y) { return (x != x || x > y) ? x : y; }  // NaN wins, as in torch
+  static A combine(A x, A y) { return nanPropagatingMax(x, y); }  // NaN wins, as in torch
 };
 
 // A row-major walk over a coalesced space of one operand, element by element.
