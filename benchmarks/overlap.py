@@ -19,7 +19,8 @@ cuda/nccl/ucc/mpi. With cuda and nccl the C++ stream loop queues chunk i on CUDA
 chunk i+1's communication runs on the GPU while chunk i's matmul computes; mpi stages through the
 host. nccl needs one GPU per rank and the cuda backend has no reduce-scatter: such combinations are
 skipped with a note. Ranks that share one GPU also share its multiprocessors (and, without MPS, take
-turns on it), so there the compute of the ranks cannot overlap with each other.
+turns on it), so there the compute of the ranks cannot overlap with each other. float32 products run
+on TF32 tensor cores here (MESHFUSE_MATMUL_TF32=1 unless set otherwise), as the recorded numbers did.
 """
 import argparse
 import json
@@ -31,6 +32,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# float32 matmuls on TF32 tensor cores, as the numbers in BENCHMARKS.md were measured (the library's
+# default is full fp32); set before meshfuse reads it at its first CUDA product.
+os.environ.setdefault("MESHFUSE_MATMUL_TF32", "1")
 
 import meshfuse  # noqa: E402
 from meshfuse import CommunicatorBackend, DataType  # noqa: E402
@@ -251,6 +256,7 @@ def main():
         print("ideal frac = max(comm, compute) / time; (serial) = the same if nothing overlapped")
         if args.device == "cuda":
             print(GPU_NOTE)
+            print(f"MESHFUSE_MATMUL_TF32={os.environ['MESHFUSE_MATMUL_TF32']} (float32 products on TF32 tensor cores)")
     rows = []
     for pattern in args.patterns:
         if leader:

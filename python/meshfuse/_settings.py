@@ -58,6 +58,7 @@ SETTINGS = {
     "MESHFUSE_OVERLAP_SM_MARGIN": _integer(0),
     "MESHFUSE_MATMUL_AUTOTUNE": _matmul_autotune,
     "MESHFUSE_MATMUL_EPILOGUES": _ON_OFF,
+    "MESHFUSE_MATMUL_TF32": _ON_OFF,
     "MESHFUSE_CUDA_DGELU_EPILOGUE": _one_of("off", "dgelu", "dgelu_bgrad"),
     "MESHFUSE_MATMUL_TUNE_LOG": _anything,
     "MESHFUSE_DUMP_KERNELS": _anything,

@@ -45,6 +45,19 @@ bool tuneLogEnabled() {
   return enabled;
 }
 
+// MESHFUSE_MATMUL_TF32 (0 or 1; read once, tests set it): whether fp32 products may round their
+// operands to TF32 on tensor cores. Off by default, as in torch: fp32 results then match the CPU's
+// sgemm to fp32 rounding, where TF32 keeps 10 mantissa bits (about 1e-3 relative error).
+std::atomic<bool>& floatMatmulTf32Setting() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("MESHFUSE_MATMUL_TF32");
+    const std::string s = v ? v : "0";
+    if (s != "0" && s != "1") throw UserError("MESHFUSE_MATMUL_TF32=" + s + ": expected 0 or 1");
+    return s == "1";
+  }()};
+  return on;
+}
+
 cudaDataType_t cudaTypeOf(DataType d) {
   switch (d) {
     case DataType::Float: return CUDA_R_32F;
@@ -142,7 +155,9 @@ Plan makePlan(DeviceState& s, const GemmProblem& p, const std::vector<cublasLtEp
   const cudaDataType_t t = cudaTypeOf(p.dtype);
   const bool dbl = p.dtype == DataType::Double;
   const cublasComputeType_t compute =
-      dbl ? CUBLAS_COMPUTE_64F : (p.dtype == DataType::Float ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+      dbl ? CUBLAS_COMPUTE_64F
+          : (p.dtype == DataType::Float && floatMatmulTf32Setting().load() ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                           : CUBLAS_COMPUTE_32F);
   Plan plan;
   // Column-major view of the row-major problem: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m). A
   // row-major matrix with row stride ld is a column-major one with leading dimension ld.
@@ -323,7 +338,8 @@ bool gemmWithEpilogue(int device, const GemmProblem& p, const void* a, const voi
   key << static_cast<int>(p.dtype) << ":" << p.m << "," << p.n << "," << p.k << "," << p.batch << "," << p.stride_a
       << "," << p.stride_b << "," << p.stride_c << "," << p.trans_a << p.trans_b << "," << p.lda << "," << p.ldb << ","
       << (e.bias != nullptr) << ",epi" << static_cast<int>(epilogues.front()) << "," << e.aux_ld << "@" << align[0]
-      << "," << align[1] << "," << align[2] << "," << align[3] << "," << align[4] << "/sm" << matmulSmCountTarget();
+      << "," << align[1] << "," << align[2] << "," << align[3] << "," << align[4] << "/sm" << matmulSmCountTarget()
+      << (p.dtype == DataType::Float && floatMatmulTf32Setting().load() ? "/tf32" : "");
   // The lock covers the enqueue too: a plan's descriptor carries this call's bias and aux pointers.
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& state = stateOf(device);
@@ -382,6 +398,9 @@ std::atomic<GeluGradEpilogue>& geluGradEpilogueSetting() {
   return mode;
 }
 }  // namespace
+
+bool floatMatmulTf32() { return floatMatmulTf32Setting().load(); }
+void setFloatMatmulTf32(bool on) { floatMatmulTf32Setting().store(on); }
 
 GeluGradEpilogue geluGradEpilogue() { return geluGradEpilogueSetting().load(); }
 void setGeluGradEpilogue(GeluGradEpilogue mode) { geluGradEpilogueSetting().store(mode); }

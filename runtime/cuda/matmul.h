@@ -1,6 +1,7 @@
 // Matrix products on the GPU through cuBLASLt: matmul (numpy semantics: vectors, broadcast batch
 // dimensions) and linear (x @ w^T + bias, the bias fused as the CUBLASLT_EPILOGUE_BIAS epilogue).
-// bf16 and fp16 accumulate in fp32; fp32 may use TF32 tensor cores; fp64 is exact.
+// bf16 and fp16 accumulate in fp32; fp32 is fp32 (TF32 tensor cores only with MESHFUSE_MATMUL_TF32=1);
+// fp64 is exact.
 #pragma once
 #include "runtime/tensor.h"
 
@@ -78,6 +79,12 @@ bool runProductWithActivation(int device, const ProductOperands& operands, GemmE
 enum class GeluGradEpilogue : uint8_t { Off, Dgelu, DgeluBgrad };
 GeluGradEpilogue geluGradEpilogue();
 void setGeluGradEpilogue(GeluGradEpilogue mode);
+
+// Whether fp32 products run on TF32 tensor cores (operands rounded to 10 mantissa bits, fp32
+// accumulation): MESHFUSE_MATMUL_TF32 (`0`, the default, or `1`; read once, tests set it). Plans are
+// cached per setting.
+bool floatMatmulTf32();
+void setFloatMatmulTf32(bool on);
 
 // How many GEMMs with an activation epilogue have been enqueued in this process (tests check that
 // the epilogue, not its fallback, ran).

@@ -42,8 +42,11 @@ inline RefTensor localBlock(const TensorView* tv, const RefTensor& full, int64_t
 
 // `strict`: a valid case that raises UserError fails (single process, where every generated
 // sharding is legal); otherwise it counts as RaisedUserError (multi-device lowering may reject a
-// combination of meshes by design).
-inline FuzzResult runFuzzCase(uint64_t seed, int64_t world_size, int64_t rank, bool strict, bool twice) {
+// combination of meshes by design). `device`: where the inputs live, hence where the fusion runs
+// (a CUDA device runs it through the CUDA executor; results come back to the host to be judged);
+// `params` picks the backend.
+inline FuzzResult runFuzzCase(uint64_t seed, int64_t world_size, int64_t rank, bool strict, bool twice,
+                              Device device = Device::cpu(), const MultiDeviceExecutorParams& params = {}) {
   FusionFuzzer fuzzer(seed, world_size, rank);
   auto describe = [&](const std::string& what) {
     std::ostringstream os;
@@ -53,9 +56,11 @@ inline FuzzResult runFuzzCase(uint64_t seed, int64_t world_size, int64_t rank, b
   };
   try {
     FuzzCase& c = fuzzer.make();
+    for (Argument& arg : c.args)
+      if (auto* t = std::get_if<Tensor>(&arg)) *t = t->to(device);
     FusionExecutorCache fec(c.fusion);
     std::vector<Tensor> outs;
-    for (int run = 0; run < (twice ? 2 : 1); ++run) outs = fec.execute(c.args);
+    for (int run = 0; run < (twice ? 2 : 1); ++run) outs = fec.execute(c.args, params);
     if (c.mutation != Mutation::None)
       return {FuzzOutcome::Failed, describe("ran, but a UserError was expected; lowered:\n" + fec.lastLoweredFusion())};
     std::vector<RefTensor> expected = ReferenceEvaluator().run(*c.fusion, c.global_inputs);
@@ -67,7 +72,9 @@ inline FuzzResult runFuzzCase(uint64_t seed, int64_t world_size, int64_t rank, b
         if (outs[i].defined()) return {FuzzOutcome::Failed, describe("output " + tv->name() + " is not on this rank")};
         continue;
       }
-      std::string why = compareToReference(outs[i], localBlock(tv, expected[i], rank), tol);
+      if (outs[i].device() != device)
+        return {FuzzOutcome::Failed, describe("output " + tv->name() + " is on " + outs[i].toString())};
+      std::string why = compareToReference(outs[i].to(Device::cpu()), localBlock(tv, expected[i], rank), tol);
       if (!why.empty()) return {FuzzOutcome::Failed, describe("output " + tv->name() + ": " + why)};
     }
     return {FuzzOutcome::Matched, ""};

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #if MESHFUSE_HAVE_CUDA
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -926,6 +927,40 @@ TEST(CudaExecutorMatmul, TransposedAndStridedOperandsWithoutCopies) {
       }
     }
   }
+}
+
+// fp32 products are fp32 by default, as torch's are: a 512-long contraction matches float64 to
+// fp32 rounding, where TF32 (operands rounded to 10 mantissa bits) is some 1e-3 off.
+// MESHFUSE_MATMUL_TF32=1 (here its setter) allows TF32: the result then moves by about that much.
+TEST(CudaExecutorMatmul, Fp32ProductsAreFp32UnlessTf32IsAllowed) {
+  SKIP_WITHOUT_GPU();
+  const bool setting = cuda::floatMatmulTf32();
+  constexpr int64_t kM = 64, kN = 48, kK = 512;
+  auto worstError = [&](bool tf32) {
+    cuda::setFloatMatmulTf32(tf32);
+    std::mt19937 rng(21);
+    Case c;
+    c.kind = Segment::Kind::Matmul;
+    TensorView* x = c.input(DataType::Float, {kM, kK}, rng, -1, 1);
+    TensorView* w = c.input(DataType::Float, {kN, kK}, rng, -1, 1);
+    c.outputs = {ops::linear(x, w)};
+    c.check(tf32 ? "fp32 linear with TF32" : "fp32 linear", /*loose=*/tf32);
+    double worst = 0;
+    if (c.gpu_results.empty()) return worst;
+    const Tensor &xs = c.inputs[0].second, &ws = c.inputs[1].second, &ys = c.gpu_results[0];
+    for (int64_t i = 0; i < kM; ++i)
+      for (int64_t j = 0; j < kN; ++j) {
+        double e = 0;
+        for (int64_t k = 0; k < kK; ++k) e += xs.item(i * kK + k) * ws.item(j * kK + k);
+        worst = std::max(worst, std::abs(ys.item(i * kN + j) - e) / (1 + std::abs(e)));
+      }
+    return worst;
+  };
+  const double fp32 = worstError(false), tf32 = worstError(true);
+  cuda::setFloatMatmulTf32(setting);
+  EXPECT_LT(fp32, 1e-5) << "an fp32 product off by TF32's error: TF32 must be opt-in";
+  EXPECT_GT(tf32, 1e-4) << "MESHFUSE_MATMUL_TF32=1 did not round the operands to TF32";
+  EXPECT_LT(tf32, 2e-2);
 }
 
 // A product above the autotuning threshold (2·m·n·k >= 1e9): its first run times the heuristic's

@@ -10,21 +10,28 @@
 #include "mp_test_utils.h"
 #include "multidevice/communicator.h"
 #include "ops/ops.h"
+#if MESHFUSE_HAVE_CUDA
+#include "runtime/cuda/streams.h"
+#endif
 
 namespace meshfuse {
 namespace {
 
 using testing::FuzzOutcome;
 
-TEST(FuzzMultiDevice, RandomShardedCasesMatchOrRaiseUserErrorOnEveryRank) {
+// Runs `default_cases` seeds from `default_first` (MESHFUSE_FUZZ_SEED / MESHFUSE_FUZZ_CASES override
+// both) with inputs on `device` and judges them on every rank.
+void fuzzAcrossRanks(uint64_t default_first, uint64_t default_cases, Device device,
+                     const MultiDeviceExecutorParams& params, const char* label) {
   Communicator& comm = Communicator::instance();
-  const uint64_t first = testing::fuzzEnvOr("MESHFUSE_FUZZ_SEED", 5000),
-                 cases = testing::fuzzEnvOr("MESHFUSE_FUZZ_CASES", 1500);
+  const uint64_t first = testing::fuzzEnvOr("MESHFUSE_FUZZ_SEED", default_first),
+                 cases = testing::fuzzEnvOr("MESHFUSE_FUZZ_CASES", default_cases);
   int matched = 0, raised = 0, failed = 0, disagreed = 0;
   for (uint64_t seed = first; seed < first + cases; ++seed) {
     // Strict: every generated sharding is on the world mesh and divides evenly, so a valid case
     // that raises UserError is a bug (the symbolic broadcast operand was one).
-    auto r = testing::runFuzzCase(seed, comm.size(), comm.rank(), /*strict=*/true, /*twice=*/seed % 10 == 0);
+    auto r =
+        testing::runFuzzCase(seed, comm.size(), comm.rank(), /*strict=*/true, /*twice=*/seed % 10 == 0, device, params);
     // Every rank must reach the same verdict: a rank that ran while another raised means a
     // collective was left unmatched (caught by the timeout) or a check is rank-dependent.
     int mine = static_cast<int>(r.outcome), lo = 0, hi = 0;
@@ -40,12 +47,31 @@ TEST(FuzzMultiDevice, RandomShardedCasesMatchOrRaiseUserErrorOnEveryRank) {
       std::printf("FAIL %s\n", r.detail.substr(0, r.detail.find('\n')).c_str());
   }
   if (comm.rank() == 0)
-    std::printf("[ multi-device fuzz, %lld ranks: %d matched, %d raised UserError (mutated), %d failed ]\n",
+    std::printf("[ %s, %lld ranks: %d matched, %d raised UserError (mutated), %d failed ]\n", label,
                 static_cast<long long>(comm.size()), matched, raised, failed);
   EXPECT_EQ(failed, 0);
   EXPECT_EQ(disagreed, 0);
   if (cases >= 100) EXPECT_GT(matched, static_cast<int>(cases) / 3) << "most valid cases must run";
 }
+
+TEST(FuzzMultiDevice, RandomShardedCasesMatchOrRaiseUserErrorOnEveryRank) {
+  fuzzAcrossRanks(5000, 1500, Device::cpu(), {}, "multi-device fuzz");
+}
+
+#if MESHFUSE_HAVE_CUDA
+// The same on CUDA tensors, every rank on the one GPU of the GPU machine (device = local rank modulo
+// the devices), through the MPI backend, which stages device tensors through the host (NCCL takes
+// one rank per GPU). Skipped without a GPU.
+TEST(CudaFuzzMultiDevice, RandomShardedCasesOnCudaTensorsMatchOrRaiseUserErrorOnEveryRank) {
+  std::string why;
+  const int gpus = cuda::deviceCount(&why);
+  if (gpus == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  MultiDeviceExecutorParams params;
+  params.lower.communicator_backend = CommunicatorBackend::Mpi;
+  const Device device = Device::cuda(static_cast<int>(Communicator::instance().localRank() % gpus));
+  fuzzAcrossRanks(5000, 300, device, params, "multi-device CUDA fuzz (MPI)");
+}
+#endif
 
 // Found by the fuzzer: a reshape whose output is sharded along its leading axis while the input's
 // leading extent (1) does not divide by the mesh size was lowered to a local reshape of mismatched
