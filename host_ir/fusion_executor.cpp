@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <sstream>
 
 #include "host_ir/consistency.h"
@@ -55,6 +56,12 @@ void checkMeshesFitWorld(const Fusion& fusion, int64_t world_size) {
 
 // The fusion's version is part of the key: the lowering reads the meshes and shardings, which can
 // still change after an execute (TensorView.set_device_mesh, outer_split, parallelize).
+// Held through each multi-rank execution (fusion_executor.h says why).
+std::mutex& worldExecuteMutex() {
+  static std::mutex turn;
+  return turn;
+}
+
 std::string cacheKey(const InputSignature& sig, const MultiDeviceExecutorParams& params, uint64_t fusion_version) {
   std::ostringstream os;
   os << "v" << fusion_version << "|" << static_cast<int>(params.lower.communicator_backend) << "|"
@@ -144,6 +151,7 @@ std::unique_ptr<SegmentExecutor> executorFor(Device device) {
 }  // namespace
 
 FusionExecutorCache::FusionExecutorCache(std::shared_ptr<Fusion> fusion) : fusion_(std::move(fusion)) {
+  if (!fusion_) throw UserError("FusionExecutorCache: expected a Fusion, got null");
   if (fusion_->outputs().empty()) throw UserError("the fusion has no outputs (call add_output)");
 }
 
@@ -168,7 +176,9 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   };
 
   InputSignature sig;
+  std::unique_lock<std::mutex> world_turn;
   if (multi && comm->size() > 1) {
+    world_turn = std::unique_lock<std::mutex>(worldExecuteMutex());
     // Every rank reaches the agreement with a verdict, so none is left waiting in a collective.
     std::string error;
     try {
@@ -178,11 +188,13 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
       sig.trace = !trace_path.empty();
       sig.rng_seed = seed_setting.seed;
       sig.rng_offset = nextRandomOffset().load();
+      sig.definition = definitionHash(params);
     } catch (const UserError& e) {
       error = e.what();
     }
-    sig = withTimeoutPolicy("in execute's input agreement over the world (backend mpi)",
-                            [&] { return agreeOnInputs(*fusion_, error.empty() ? &sig : nullptr, error, timeout); });
+    sig = withTimeoutPolicy("in execute's input agreement over the world (backend mpi)", [&] {
+      return agreeOnInputs(*fusion_, error.empty() ? &sig : nullptr, error, timeout, definition_lines_);
+    });
     advanceRandomOffsetTo(sig.rng_offset);
   } else {
     checkSettings();
@@ -275,8 +287,23 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   return outputs;
 }
 
+uint64_t FusionExecutorCache::definitionHash(const MultiDeviceExecutorParams& params) {
+  const std::string key = std::to_string(fusion_->version()) + "|" +
+                          std::to_string(static_cast<int>(params.lower.communicator_backend)) + "|" +
+                          std::to_string(params.executor.number_of_streams);
+  if (key != definition_key_ || definition_lines_.empty()) {
+    definition_lines_ = definitionLines(*fusion_, params);
+    uint64_t hash = fingerprintHash("");
+    for (const std::string& line : definition_lines_) hash = fingerprintHash(line + "\n", hash);
+    definition_hash_ = hash;
+    definition_key_ = key;
+  }
+  return definition_hash_;
+}
+
 void FusionExecutorCache::reportInputError(const std::string& error, const MultiDeviceExecutorParams& params) {
   if (isMultiDevice(*fusion_) && Communicator::instance().size() > 1) {
+    const std::lock_guard<std::mutex> world_turn(worldExecuteMutex());
     const auto timeout = effectiveTimeout(params.executor).timeout;
     withTimeoutPolicy("in execute's input agreement over the world (backend mpi)",
                       [&] { return agreeOnInputs(*fusion_, nullptr, error, timeout); });

@@ -3,6 +3,7 @@
 // host program and caches it; a second execute with the same signature does no lowering work.
 #pragma once
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -50,6 +51,9 @@ class FusionExecutorCache {
   explicit FusionExecutorCache(std::shared_ptr<Fusion> fusion);
   ~FusionExecutorCache();
   // One tensor per fusion output, undefined where that output does not live on this rank.
+  // Executions of multi-rank fusions run one at a time in a process (their collectives share the
+  // world, so threads would interleave them differently on each rank), and every rank must call
+  // them in the same order: ranks executing different definitions at one step raise on every rank.
   std::vector<Tensor> execute(const std::vector<Argument>& inputs, const MultiDeviceExecutorParams& params = {});
   // For front ends that check inputs before calling execute(): a rank whose inputs failed such a
   // check calls this instead, so the other ranks (waiting in execute's input agreement) fail too,
@@ -69,9 +73,17 @@ class FusionExecutorCache {
 
  private:
   struct Program;
+  // The hash of definitionLines (input_check.h) for this fusion and `params`, recomputed only when
+  // the fusion's version or the parameters changed.
+  uint64_t definitionHash(const MultiDeviceExecutorParams& params);
   std::shared_ptr<Fusion> fusion_;
   std::map<std::string, std::shared_ptr<Program>> programs_;
   std::shared_ptr<Program> last_;
+  // The definition's lines and hash as the ranks agree on them each execution (input_check.h),
+  // kept until the fusion's version or the parameters change.
+  std::string definition_key_;
+  std::vector<std::string> definition_lines_;
+  uint64_t definition_hash_ = 0;
 };
 
 }  // namespace meshfuse

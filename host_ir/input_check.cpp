@@ -1,9 +1,11 @@
 #include "host_ir/input_check.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
+#include "host_ir/consistency.h"
 #include "multidevice/communicator.h"
 #include "multidevice/sharding.h"
 
@@ -19,9 +21,41 @@ std::string shardNote(const TensorView* tv, int axis) {
   }
   return "";
 }
+
+// A scalar input's value against its dtype: scalars travel as doubles, so an Int scalar must be a
+// whole number a double holds exactly (as the Python front end checks before it gets here).
+void checkScalarValue(const Val* def, size_t index, double value) {
+  if (!isIntegral(def->dtype())) return;
+  const std::string label = "execute: input " + std::to_string(index) + " (" + def->name() + ") is an " +
+                            toString(def->dtype()) + " scalar; got " + std::to_string(value);
+  if (!std::isfinite(value) || value != std::trunc(value)) throw UserError(label + ", which is not an integer");
+  if (std::fabs(value) > kExactIntegerLimit)
+    throw UserError(label + ", beyond 2**53, which a scalar (a double) cannot hold exactly; pass it in a tensor");
+}
+
+// Every value an expression reads or the fusion returns must be an input, a constant or computed by
+// an expression: a tensor or scalar made with newTensor/newScalar and never added as an input has no
+// value to run with (it failed deep in the executor, as an internal error).
+void checkEveryLeafIsBound(const Fusion& fusion) {
+  auto check = [&](const Val* v, const std::string& use) {
+    if (v->definition() != nullptr || fusion.isInput(v)) return;
+    if (!v->isTensor() && static_cast<const Scalar*>(v)->value().has_value()) return;
+    throw UserError(v->name() + " is " + use + " but is neither a fusion input nor computed by an expression" +
+                    (v->isTensor() ? "" : " nor a constant") + " (add_input it)");
+  };
+  for (const auto& e : fusion.exprs()) {
+    // An expr drawing fresh random numbers gets its (seed, offset) pair, its last two operands, from
+    // the executor at each run (bindFreshRandomState).
+    const size_t bound_here = e->attrs().fresh_rng ? 2 : 0;
+    for (size_t i = 0; i + bound_here < e->inputs().size(); ++i)
+      check(e->input(i), "an operand of " + toString(e->op()));
+  }
+  for (const Val* v : fusion.outputs()) check(v, "a fusion output");
+}
 }  // namespace
 
 InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument>& inputs, int64_t rank) {
+  checkEveryLeafIsBound(fusion);
   const auto& defs = fusion.inputs();
   if (inputs.size() != defs.size())
     throw UserError("execute: expected " + std::to_string(defs.size()) + " inputs, got " +
@@ -36,6 +70,7 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
       if (!std::holds_alternative<double>(arg))
         throw UserError("execute: input " + std::to_string(i) + " (" + def->name() +
                         ") is a scalar; got a tensor or None");
+      checkScalarValue(def, i, std::get<double>(arg));
       sig.present.push_back(true);
       sig.global.emplace_back();
       sig.scalars.push_back(std::get<double>(arg));
@@ -65,6 +100,7 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
       throw UserError(label + ": the definition says contiguous but the input has shape " + shapeToString(t.shape()) +
                       " and strides " + shapeToString(t.strides()) +
                       " (pass a contiguous copy, or define it with contiguity=False)");
+    checkHasDeviceMesh(tv);
     // A mesh axis split into other than the mesh's device count: said as such, before the extents (whose
     // expected local values assume the mesh's count and would point at the wrong thing).
     for (const LoopAxis& la : tv->loop()) {
@@ -113,6 +149,7 @@ std::string encode(const InputSignature* sig, const std::string& error) {
     words.push_back(sig->trace ? 1 : 0);
     words.push_back(static_cast<int64_t>(sig->rng_seed));
     words.push_back(static_cast<int64_t>(sig->rng_offset));
+    words.push_back(static_cast<int64_t>(sig->definition));
     words.push_back(static_cast<int64_t>(sig->present.size()));
     for (size_t i = 0; i < sig->present.size(); ++i) {
       words.push_back(sig->present[i] ? 1 : 0);
@@ -152,6 +189,7 @@ Decoded decode(const std::string& blob) {
   d.sig.trace = words[pos++] != 0;
   d.sig.rng_seed = static_cast<uint64_t>(words[pos++]);
   d.sig.rng_offset = static_cast<uint64_t>(words[pos++]);
+  d.sig.definition = static_cast<uint64_t>(words[pos++]);
   int64_t count = words[pos++];
   for (int64_t i = 0; i < count; ++i) {
     d.sig.present.push_back(words[pos++] != 0);
@@ -172,8 +210,17 @@ std::string seedText(uint64_t seed) {
 }
 }  // namespace
 
+std::vector<std::string> definitionLines(const Fusion& fusion, const MultiDeviceExecutorParams& params) {
+  std::vector<std::string> lines;
+  std::istringstream text(fusion.toString());
+  for (std::string line; std::getline(text, line);) lines.push_back(line);
+  lines.push_back("backend " + toString(params.lower.communicator_backend));
+  lines.push_back("number_of_streams " + std::to_string(params.executor.number_of_streams));
+  return lines;
+}
+
 InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, const std::string& my_error,
-                             std::chrono::milliseconds timeout) {
+                             std::chrono::milliseconds timeout, const std::vector<std::string>& definition_lines) {
   Communicator& comm = Communicator::instance();
   std::vector<int64_t> world(comm.size());
   for (int64_t r = 0; r < comm.size(); ++r) world[r] = r;
@@ -199,6 +246,21 @@ InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, c
       throw UserError("rank " + std::to_string(r) +
                       " failed its input check, so no rank executes: " + decoded[r].error);
 
+  // First the definition: ranks executing different fusions (say, two cached ones called in another
+  // order) would each run their own program against the others' collectives, which either hang or,
+  // where sizes happen to fit, return wrong data; and their inputs need not be comparable below.
+  for (size_t r = 1; r < decoded.size(); ++r) {
+    if (decoded[r].sig.definition == decoded[0].sig.definition) continue;
+    const std::string what =
+        "execute: the ranks called execute on different fusions (or on one with different parameters) at "
+        "the same step; every rank must execute the same definitions in the same order, one at a time. ";
+    try {
+      checkProgramsAgree(definition_lines, world, timeout);
+    } catch (const UserError& e) {
+      throw UserError(what + e.what());
+    }
+    throw UserError(what + "Rank " + std::to_string(r) + "'s definition differs from rank 0's.");
+  }
   InputSignature merged = *mine;
   for (size_t r = 0; r < decoded.size(); ++r) {
     const InputSignature& s = decoded[r].sig;

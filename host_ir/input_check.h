@@ -26,16 +26,25 @@ struct InputSignature {
   bool trace = false;       // a trace was asked for (its file is gathered from every rank)
   uint64_t rng_seed = 0;    // MESHFUSE_SEED
   uint64_t rng_offset = 0;  // the next fresh Philox offset; agreement makes it the largest of the ranks'
+  // A hash of what this rank is about to run (definitionLines): a rank executing another fusion, or
+  // the same with other parameters, would run its cached program against the others' collectives.
+  uint64_t definition = 0;
 };
+
+// The rank-independent text of a definition and the parameters that shape its program, one line
+// each: the fusion (ops, meshes, loop domains), the backend asked for and the stream count.
+std::vector<std::string> definitionLines(const Fusion& fusion, const MultiDeviceExecutorParams& params);
 
 // Throws UserError naming the tensor and expected vs actual value.
 InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument>& inputs, int64_t rank);
 
 // Exchanges every rank's verdict (an error message or its signature) over the world. Throws
 // UserError on every rank if any rank failed, naming it; fills the global shapes of inputs this
-// rank does not hold from the ranks that do, and checks that all ranks agree (on the shapes, on
-// whether to trace and on the random seed); the result's rng_offset is the largest rank's.
+// rank does not hold from the ranks that do, and checks that all ranks agree (on the definition they
+// execute, on the shapes, on whether to trace and on the random seed); the result's rng_offset is the
+// largest rank's. When the definitions differ (their hashes), every rank compares `definition_lines`
+// (the lines of its definition) to name the first that differs, and raises.
 InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, const std::string& my_error,
-                             std::chrono::milliseconds timeout);
+                             std::chrono::milliseconds timeout, const std::vector<std::string>& definition_lines = {});
 
 }  // namespace meshfuse

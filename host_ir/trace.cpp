@@ -56,6 +56,10 @@ void checkTraceWritable(const std::string& path) {
   const std::filesystem::path folder = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
   const bool writable = ::access(path.c_str(), F_OK) == 0 ? ::access(path.c_str(), W_OK) == 0
                                                           : ::access(folder.c_str(), W_OK | X_OK) == 0;
+  std::error_code ignored;
+  if (std::filesystem::is_directory(file, ignored))  // writable as a folder, but not a file to write
+    throw UserError("cannot write the trace to " + path +
+                    ": it is a directory (trace= or MESHFUSE_TRACE names the file)");
   if (!writable) throw UserError("cannot write the trace to " + path + " (trace= or MESHFUSE_TRACE)");
 }
 

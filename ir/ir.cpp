@@ -245,6 +245,10 @@ TensorView* Fusion::newTensor(DataType dtype, std::vector<int64_t> shape, std::v
 }
 
 Scalar* Fusion::newScalar(DataType dtype, std::optional<double> value) {
+  if (value && isIntegral(dtype) &&
+      (!std::isfinite(*value) || *value != std::trunc(*value) || std::fabs(*value) > kExactIntegerLimit))
+    throw UserError("constant: an " + meshfuse::toString(dtype) +
+                    " constant must be a whole number within 2**53, got " + std::to_string(*value));
   auto s = std::make_unique<Scalar>(this, static_cast<int>(vals_.size()), dtype, value);
   Scalar* raw = s.get();
   vals_.push_back(std::move(s));

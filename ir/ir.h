@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/user_error.h"
 #include "multidevice/device_mesh.h"
 #include "runtime/dtype.h"
 
@@ -16,12 +17,6 @@ namespace meshfuse {
 
 class Fusion;
 class Expr;
-
-// Raised for every mistake in a definition or in execute()'s inputs; Python sees ValueError.
-class UserError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
 
 class Val {
  public:
@@ -48,6 +43,9 @@ class Val {
 };
 
 // A scalar: a constant when `value` is set, else an input of the fusion bound at execution.
+// Scalars (constants and scalar inputs) are doubles: integers hold exactly up to 2**53.
+constexpr double kExactIntegerLimit = 9007199254740992.0;
+
 class Scalar : public Val {
  public:
   Scalar(Fusion* f, int id, DataType dtype, std::optional<double> value)
@@ -87,6 +85,8 @@ class TensorView : public Val {
 
   // Multi-device annotations (nvFuser's names).
   void setDeviceMesh(const DeviceMesh& mesh) {
+    // A default-constructed mesh holds no device (Python's DeviceMesh([]) is refused the same way).
+    if (mesh.empty()) throw UserError(name() + ": set_device_mesh got a DeviceMesh with no devices");
     mesh_ = mesh;
     scheduleChanged();
   }

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "ir/user_error.h"
 #include "runtime/tensor.h"
 
 namespace meshfuse {
@@ -25,7 +26,7 @@ int meshAxisIndex(ParallelType p) {
     case ParallelType::MeshX: return 0;
     case ParallelType::MeshY: return 1;
     case ParallelType::MeshZ: return 2;
-    default: throw std::invalid_argument(toString(p) + " is not a mesh parallel type");
+    default: throw UserError(toString(p) + " is not a mesh parallel type");
   }
 }
 
@@ -39,17 +40,16 @@ DeviceMesh::DeviceMesh(const std::vector<int64_t>& devices)
 
 DeviceMesh::DeviceMesh(std::vector<int64_t> devices, std::vector<int64_t> shape)
     : devices_(std::move(devices)), shape_(std::move(shape)) {
-  if (devices_.empty()) throw std::invalid_argument("DeviceMesh: no devices");
+  if (devices_.empty()) throw UserError("DeviceMesh: no devices");
   if (shape_.empty() || shape_.size() > 3)
-    throw std::invalid_argument("DeviceMesh: 1 to 3 dimensions, got " + std::to_string(shape_.size()));
+    throw UserError("DeviceMesh: 1 to 3 dimensions, got " + std::to_string(shape_.size()));
   if (numelOf(shape_) != size())
-    throw std::invalid_argument("DeviceMesh: shape " + shapeToString(shape_) + " does not hold " +
-                                std::to_string(size()) + " devices");
+    throw UserError("DeviceMesh: shape " + shapeToString(shape_) + " does not hold " + std::to_string(size()) +
+                    " devices");
   std::set<int64_t> unique(devices_.begin(), devices_.end());
-  if (unique.size() != devices_.size())
-    throw std::invalid_argument("DeviceMesh: a device appears twice in " + toString());
+  if (unique.size() != devices_.size()) throw UserError("DeviceMesh: a device appears twice in " + toString());
   for (int64_t d : devices_)
-    if (d < 0) throw std::invalid_argument("DeviceMesh: negative device id " + std::to_string(d));
+    if (d < 0) throw UserError("DeviceMesh: negative device id " + std::to_string(d));
 }
 
 bool DeviceMesh::has(int64_t device) const { return indexOf(device) >= 0; }
@@ -71,7 +71,7 @@ int64_t DeviceMesh::size(ParallelType p) const {
 
 int64_t DeviceMesh::coordinate(int64_t device, ParallelType p) const {
   int64_t index = indexOf(device);
-  if (index < 0) throw std::invalid_argument("device " + std::to_string(device) + " is not in " + toString());
+  if (index < 0) throw UserError("device " + std::to_string(device) + " is not in " + toString());
   int64_t d = dimOf(p);
   if (d < 0) return 0;
   int64_t stride = 1;
@@ -81,7 +81,7 @@ int64_t DeviceMesh::coordinate(int64_t device, ParallelType p) const {
 
 std::vector<int64_t> DeviceMesh::team(int64_t device, ParallelType p) const {
   int64_t index = indexOf(device);
-  if (index < 0) throw std::invalid_argument("device " + std::to_string(device) + " is not in " + toString());
+  if (index < 0) throw UserError("device " + std::to_string(device) + " is not in " + toString());
   int64_t d = dimOf(p);
   if (d < 0) return {device};
   int64_t stride = 1;

@@ -50,10 +50,14 @@ void applySharding(TensorView* tv, const DeviceMesh& mesh, const Sharding& s) {
   for (int d = 0; d < kMeshDims; ++d) tv->setPartial(meshParallelType(d), s.partial[d]);
 }
 
+void checkHasDeviceMesh(const TensorView* tv) {
+  if (tv->isSharded() && !tv->hasDeviceMesh())
+    throw UserError(tv->name() + " is parallelized on a mesh dimension but has no device mesh (call set_device_mesh)");
+}
+
 void checkShardable(const TensorView* tv, const std::vector<int64_t>& shape) {
   if (!tv->isSharded()) return;
-  if (!tv->hasDeviceMesh())
-    throw UserError(tv->name() + " is parallelized on a mesh dimension but has no device mesh (call set_device_mesh)");
+  checkHasDeviceMesh(tv);
   const DeviceMesh& mesh = *tv->deviceMesh();
   for (int d = 0; d < kMeshDims; ++d) {
     ParallelType p = meshParallelType(d);

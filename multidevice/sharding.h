@@ -25,6 +25,8 @@ Sharding shardingOf(const TensorView* tv);
 // Sets tv's mesh and a loop domain that realizes `s` (outer splits parallelized on mesh dims).
 void applySharding(TensorView* tv, const DeviceMesh& mesh, const Sharding& s);
 
+// Throws UserError when `tv` is parallelized on a mesh dimension but has no device mesh.
+void checkHasDeviceMesh(const TensorView* tv);
 // Checks that every sharded axis of `tv` (with global `shape`) splits into as many parts as the
 // mesh has devices along that dimension, evenly. Throws UserError naming tensor, axis, extent, mesh.
 void checkShardable(const TensorView* tv, const std::vector<int64_t>& shape);

@@ -343,6 +343,9 @@ void Tensor::copyFrom(const Tensor& src) {
 
 double Tensor::item(int64_t linear_index) const {
   if (device().type != DeviceType::CPU) throw std::runtime_error("item(): CPU tensors only");
+  if (linear_index < 0 || linear_index >= numel())
+    throw std::out_of_range("item(" + std::to_string(linear_index) + "): " + toString() + " has " +
+                            std::to_string(numel()) + " elements");
   int64_t offset = 0, rem = linear_index;
   for (int64_t d = dim() - 1; d >= 0; --d) {
     offset += (rem % shape_[d]) * strides_[d];

@@ -63,12 +63,12 @@ void inPlace(ucc_coll_args_t& args) {
 // (ucc_types.h: Half on the host) reads Float copies and writes Float results that are rounded
 // back into the tensors when the Work finishes.
 // How a collective's buffers reach UCC: as they are, as a Float copy (a Half reduction on the host),
-// or as ordered integer keys (a Float or Double max / min on the host: ucc_types.h says why).
+// or as ordered integer keys (a floating-point max / min on the host: ucc_types.h says why).
 enum class Staging { kDirect, kWidened, kOrderedKeys };
 
 Staging reductionStaging(DataType dtype, ReduceOp op, ucc_memory_type_t memory) {
+  if (ucc::reducesOnOrderedKeys(dtype, op, memory)) return Staging::kOrderedKeys;  // before widening: NaN wins
   if (ucc::reducesWidened(dtype, memory)) return Staging::kWidened;
-  if (ucc::reducesOnOrderedKeys(dtype, op, memory)) return Staging::kOrderedKeys;
   return Staging::kDirect;
 }
 

@@ -38,8 +38,7 @@ bool reducesWidened(DataType dtype, ucc_memory_type_t memory) {
 }
 
 bool reducesOnOrderedKeys(DataType dtype, ReduceOp op, ucc_memory_type_t memory) {
-  return (dtype == DataType::Float || dtype == DataType::Double) && (op == ReduceOp::Max || op == ReduceOp::Min) &&
-         memory == UCC_MEMORY_TYPE_HOST;
+  return isFloatingPoint(dtype) && (op == ReduceOp::Max || op == ReduceOp::Min) && memory == UCC_MEMORY_TYPE_HOST;
 }
 
 DataType orderedKeyDtype(DataType dtype) { return dtype == DataType::Double ? DataType::Int : DataType::Int32; }
@@ -74,21 +73,30 @@ void toValues(const Int* keys, Float* values, int64_t n) {
 }
 }  // namespace
 
+// Half and BFloat16 go through Float, which holds each of their values exactly (a max or min picks
+// one of the values, so rounding back is exact too).
 Tensor orderedKeys(const Tensor& values, ReduceOp op) {
   Tensor keys = Tensor::empty(values.shape(), orderedKeyDtype(values.dtype()));
   const bool nan_high = op == ReduceOp::Max;
-  if (values.dtype() == DataType::Double)
+  if (values.dtype() == DataType::Double) {
     toKeys(values.dataAs<double>(), keys.dataAs<int64_t>(), values.numel(), nan_high);
-  else
-    toKeys(values.dataAs<float>(), keys.dataAs<int32_t>(), values.numel(), nan_high);
+  } else {
+    const Tensor floats = values.to(DataType::Float);
+    toKeys(floats.dataAs<float>(), keys.dataAs<int32_t>(), values.numel(), nan_high);
+  }
   return keys;
 }
 
 void fromOrderedKeys(const Tensor& keys, Tensor& values) {
-  if (values.dtype() == DataType::Double)
+  if (values.dtype() == DataType::Double) {
     toValues(keys.dataAs<int64_t>(), values.dataAs<double>(), values.numel());
-  else
+  } else if (values.dtype() == DataType::Float) {
     toValues(keys.dataAs<int32_t>(), values.dataAs<float>(), values.numel());
+  } else {
+    Tensor floats = Tensor::empty(values.shape(), DataType::Float);
+    toValues(keys.dataAs<int32_t>(), floats.dataAs<float>(), values.numel());
+    values.copyFrom(floats);
+  }
 }
 
 }  // namespace meshfuse::ucc

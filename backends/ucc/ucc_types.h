@@ -21,10 +21,11 @@ ucc_reduction_op_t opFor(ReduceOp op, DataType dtype);
 // Whether a reduction of `dtype` in `memory` must run on a Float copy (Half on the host).
 bool reducesWidened(DataType dtype, ucc_memory_type_t memory);
 
-// Max and min of Float and Double on the host: UCC's CPU kernels compare, so a NaN was kept or dropped
-// by the order the ranks' values met in. They run instead on integer keys ordered as the values are
-// (Int32 for Float, Int for Double), NaN above +inf for max and below -inf for min, whose integer
-// max / min UCC computes exactly; the result is turned back into values.
+// Max and min of the floating types on the host: UCC's CPU kernels compare, so a NaN was kept or
+// dropped by the order the ranks' values met in. They run instead on integer keys ordered as the
+// values are (Int for Double; Int32 for Float, and for Half and BFloat16 through Float), NaN above
+// +inf for max and below -inf for min, whose integer max / min UCC computes exactly; the result is
+// turned back into values.
 bool reducesOnOrderedKeys(DataType dtype, ReduceOp op, ucc_memory_type_t memory);
 DataType orderedKeyDtype(DataType dtype);
 Tensor orderedKeys(const Tensor& values, ReduceOp op);  // contiguous values -> a new tensor of keys

@@ -14,7 +14,10 @@ Two styles:
     (y,) = fd.execute([x_np])
 
 Each instance has its own fusion, executor cache and parameters (backend, streams, timeout): there
-is no global state, and instances can execute from different threads at once.
+is no global state, and instances can execute from different threads at once. Executions over
+several ranks take turns within a process (their collectives share the world), and every rank must
+call them in the same order: a step at which ranks execute different definitions raises ValueError
+on every rank.
 """
 import datetime
 import re

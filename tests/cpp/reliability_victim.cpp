@@ -6,7 +6,7 @@
 //   throw     an uncaught exception before execute (std::terminate)
 //   hang      stays alive but never calls execute (the others must time out and abort the job)
 //   hang2     takes part in a first execute, then never calls the second
-//   mismatch  defines a different program (the consistency check must fail on every rank)
+//   mismatch  defines a different program (execute's agreement must fail on every rank)
 //   coll_hang takes part in a first execute, then stays out of an allreduce the others post on the
 //             backend directly (no input agreement before it: the backend's own wait must time out)
 //   coll_kill the same, but SIGKILLs itself instead of joining the allreduce

@@ -297,5 +297,24 @@ TEST_F(MultiDevice, BadInputOnOneRankFailsEveryRankNamingIt) {
   expectClose(out[0], full, 0, "after a failed execute");
 }
 
+// An input parallelized on mesh_x with no mesh set: every rank says so (a 2-rank run read the absent
+// mesh's device count for its extent message: "split over 93919640698096 devices").
+TEST_F(MultiDevice, AShardedInputWithoutAMeshIsNamedOnEveryRank) {
+  auto f = std::make_shared<Fusion>();
+  TensorView* x = f->newTensor(DataType::Float, {2 * n, 4});
+  f->addInput(x);
+  f->addOutput(ops::unary(OpType::Neg, x));
+  x->outerSplit(0, n);
+  x->parallelize(0, ParallelType::MeshX);
+  try {
+    FusionExecutorCache(f).execute({randomTensor({2, 4}, 113)});
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("T0 is parallelized on a mesh dimension but has no device mesh"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace meshfuse

@@ -4,7 +4,11 @@
 // still usable.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cmath>
+#include <functional>
+#include <thread>
 
 #include "host_ir/consistency.h"
 #include "host_ir/fusion_executor.h"
@@ -27,12 +31,12 @@ std::vector<int64_t> worldTeam() {
 
 const auto kTimeout = std::chrono::seconds(30);
 
-// x [2n, 5] sharded on axis 0, out = op(x) replicated (an allgather), op chosen per rank.
-std::shared_ptr<Fusion> gatherFusion(int64_t n, OpType op, int64_t cols = 5) {
+// x [2n, cols] sharded on axis 0 over the world, out = make(x) replicated on it.
+std::shared_ptr<Fusion> rowShardedFusion(int64_t n, int64_t cols, const std::function<TensorView*(TensorView*)>& make) {
   auto f = std::make_shared<Fusion>();
   TensorView* x = f->newTensor(DataType::Float, {2 * n, cols});
   f->addInput(x);
-  TensorView* y = op == OpType::Set ? ops::set(x) : ops::unary(op, x);
+  TensorView* y = make(x);
   f->addOutput(y);
   DeviceMesh world(worldTeam());
   x->setDeviceMesh(world);
@@ -40,6 +44,11 @@ std::shared_ptr<Fusion> gatherFusion(int64_t n, OpType op, int64_t cols = 5) {
   x->parallelize(0, ParallelType::MeshX);
   y->setDeviceMesh(world);
   return f;
+}
+
+// out = op(x) replicated (an allgather), op chosen per rank.
+std::shared_ptr<Fusion> gatherFusion(int64_t n, OpType op, int64_t cols = 5) {
+  return rowShardedFusion(n, cols, [op](TensorView* x) { return op == OpType::Set ? ops::set(x) : ops::unary(op, x); });
 }
 
 std::string raisedOnThisRank(const std::function<void()>& fn) {
@@ -134,10 +143,79 @@ TEST(ProgramConsistency, ExecuteWithDifferentDefinitionsRaisesOnEveryRankThenRec
   EXPECT_EQ(fec.numCachedPrograms(), 1u);
 }
 
-// Lowering fails on the last rank only (its output is on a [1, n] mesh, which the resharding
-// pass cannot reach from the inputs' [n] mesh): that rank joins the consistency check with its error, so every other
-// rank raises at once, naming it and its error, instead of waiting out MESHFUSE_TIMEOUT (60 s in CI).
-TEST(ProgramConsistency, LoweringFailureOnOneRankRaisesOnEveryRankAtOnce) {
+// x summed over axis 0 (an allreduce): the same input as gatherFusion.
+std::shared_ptr<Fusion> sumFusion(int64_t n) {
+  return rowShardedFusion(n, 5, [](TensorView* x) { return ops::reduction(OpType::Sum, x, {0}, false); });
+}
+
+// Two cached programs called in another order on one rank: the consistency check of new programs
+// had passed long before, so each rank ran its own program against the other's collectives (with
+// UCC, wrong data and no error; with MPI a truncation abort). The per-execution agreement compares
+// the definitions: every rank raises, naming the first differing line, and the world still works.
+TEST(ProgramConsistency, CachedFusionsCalledInAnotherOrderRaiseOnEveryRank) {
+  Communicator& comm = Communicator::instance();
+  const int64_t n = comm.size(), rank = comm.rank();
+  if (n < 2) GTEST_SKIP() << "needs two ranks";
+  Tensor full = randomTensor({2 * n, 5}, 73);
+  Tensor mine = shardOf(full, 0, n, rank);
+  FusionExecutorCache gather(gatherFusion(n, OpType::Set)), sum(sumFusion(n));
+  gather.execute({mine});
+  sum.execute({mine});
+  std::string error = raisedOnThisRank([&] { (rank == 0 ? gather : sum).execute({mine}); });
+  EXPECT_NE(error.find("called execute on different fusions"), std::string::npos) << "rank " << rank << ": " << error;
+  EXPECT_NE(error.find("the first difference is line"), std::string::npos) << error;
+  auto out = gather.execute({mine});
+  expectClose(out[0], full, 0, "the allgather after the mismatch");
+  EXPECT_EQ(gather.numCachedPrograms(), 1u);
+}
+
+// Two threads on every rank, each executing its own fusion (an allgather, an allreduce) in a loop:
+// the ranks' threads take turns in any order, so some steps pair different fusions. Each execution
+// must either return the right result or raise the mismatch on every rank; none may crash, hang or
+// return wrong data (their collectives interleaved: MPI truncation, UCC's OOB errors).
+TEST(ProgramConsistency, ThreadsExecutingDifferentFusionsMatchOrRaise) {
+  Communicator& comm = Communicator::instance();
+  const int64_t n = comm.size(), rank = comm.rank();
+  if (n < 2) GTEST_SKIP() << "needs two ranks";
+  constexpr int kSteps = 25;
+  Tensor full = randomTensor({2 * n, 5}, 74);
+  Tensor mine = shardOf(full, 0, n, rank);
+  Tensor sums = Tensor::zeros({5}, DataType::Double);
+  for (int64_t i = 0; i < 2 * n; ++i)
+    for (int64_t j = 0; j < 5; ++j) sums.dataAs<double>()[j] += full.item(i * 5 + j);
+  std::atomic<int> matched{0}, raised{0}, wrong{0};
+  auto loop = [&](const std::shared_ptr<Fusion>& fusion, const Tensor& expected) {
+    FusionExecutorCache fec(fusion);
+    for (int i = 0; i < kSteps; ++i) {
+      try {
+        auto out = fec.execute({mine});
+        bool ok = out[0].numel() == expected.numel();
+        for (int64_t k = 0; ok && k < expected.numel(); ++k)
+          ok = std::abs(out[0].item(k) - expected.item(k)) <= 1e-4 * (1 + std::abs(expected.item(k)));
+        ++(ok ? matched : wrong);
+      } catch (const UserError& e) {
+        if (std::string(e.what()).find("called execute on different fusions") == std::string::npos) ++wrong;
+        ++raised;
+      }
+    }
+  };
+  std::thread a([&] { loop(gatherFusion(n, OpType::Set), full); });
+  std::thread b([&] { loop(sumFusion(n), sums); });
+  a.join();
+  b.join();
+  EXPECT_EQ(wrong.load(), 0) << "rank " << rank << ": " << matched << " matched, " << raised << " raised";
+  EXPECT_EQ(matched + raised, 2 * kSteps);
+  if (rank == 0)
+    std::printf("[ two threads a rank, %d executions each: %d matched, %d raised the mismatch (rank 0) ]\n", kSteps,
+                matched.load(), raised.load());
+}
+
+// The last rank's output is on a [1, n] mesh, which the resharding pass cannot reach from the
+// inputs' [n] mesh, so that rank could not lower it. The definitions differ, so the per-execution
+// agreement raises on every rank at once, showing the differing line, before any rank lowers
+// (it used to be the last rank's lowering error, passed through the consistency check; that path
+// is tested directly below), instead of waiting out MESHFUSE_TIMEOUT (60 s in CI).
+TEST(ProgramConsistency, ADefinitionOneRankCannotLowerRaisesOnEveryRankAtOnce) {
   Communicator& comm = Communicator::instance();
   const int64_t n = comm.size(), rank = comm.rank(), last = n - 1;
   auto f = gatherFusion(n, OpType::Relu);
@@ -154,18 +232,34 @@ TEST(ProgramConsistency, LoweringFailureOnOneRankRaisesOnEveryRankAtOnce) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 5.0) << "rank " << rank << " waited for the failing rank";
   if (rank == 0)
-    std::printf("[ lowering failure on rank %lld: rank 0 raised after %.3f s ]\n", (long long)last, seconds);
-  if (rank == last) {
-    EXPECT_NE(error.find("cannot move"), std::string::npos) << "the failing rank raises its own error: " << error;
-  } else {
-    EXPECT_NE(error.find("rank " + std::to_string(last) + " failed while lowering this fusion"), std::string::npos)
-        << error;
-    EXPECT_NE(error.find("rank " + std::to_string(last) + ": "), std::string::npos) << error;
+    std::printf("[ definition differing on rank %lld: rank 0 raised after %.3f s ]\n", (long long)last, seconds);
+  if (n > 1) {
+    EXPECT_NE(error.find("called execute on different fusions"), std::string::npos) << error;
+    EXPECT_NE(error.find("[1, " + std::to_string(n) + "] = relu(T0)"), std::string::npos)
+        << "the last rank's line is shown: " << error;
   }
   EXPECT_EQ(fec.numCachedPrograms(), 0u);
   // Nothing was left pending: the world still executes.
   FusionExecutorCache ok(gatherFusion(n, OpType::Set));
-  expectClose(ok.execute({mine})[0], full, 0, "allgather after a lowering failure on one rank");
+  expectClose(ok.execute({mine})[0], full, 0, "allgather after a definition mismatch");
+}
+
+// A rank whose lowering failed joins the consistency check with its error: every other rank raises
+// at once, naming it and its error, and it raises its own.
+TEST(ProgramConsistency, ALoweringErrorOnOneRankIsNamedOnEveryRank) {
+  Communicator& comm = Communicator::instance();
+  const int64_t n = comm.size(), rank = comm.rank(), last = n - 1;
+  if (n < 2) GTEST_SKIP() << "needs two ranks";
+  const std::vector<std::string> lines = {"Fusion {", "  T1 = relu(T0)", "}"};
+  std::string error = raisedOnThisRank(
+      [&] { checkProgramsAgree(lines, worldTeam(), kTimeout, rank == last ? "cannot move T1 to [1, n]" : ""); });
+  if (rank != last) {
+    EXPECT_NE(error.find("rank " + std::to_string(last) + " failed while lowering this fusion"), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("cannot move T1"), std::string::npos) << error;
+  } else {
+    EXPECT_NE(error.find("cannot move T1"), std::string::npos) << error;
+  }
 }
 
 TEST(ProgramConsistency, RanksAskingForDifferentBackendsRaiseOnEveryRankThenRunOnUcc) {

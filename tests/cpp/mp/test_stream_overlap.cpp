@@ -53,36 +53,40 @@ TEST_P(StreamOverlap, LinearThenReduceScatter) {
 
 INSTANTIATE_TEST_SUITE_P(Chunks, StreamOverlap, ::testing::Values(1, 2, 4, 8));
 
+// At any rank count (docs/cluster.md runs this binary on 3 nodes): the 6 local rows do not split into
+// 4 chunks; with an odd count the 6n global rows do not either, which the split itself reports.
 TEST(StreamOverlapErrors, ChunkCountThatDoesNotDivideIsAClearError) {
   Communicator& comm = Communicator::instance();
   const int64_t n = comm.size();
   std::vector<int64_t> devices(n);
   for (int64_t i = 0; i < n; ++i) devices[i] = i;
   DeviceMesh mesh(devices);
-  auto f = std::make_shared<Fusion>();
-  TensorView* x = f->newTensor(DataType::Float, {6 * n, 4});
-  TensorView* w = f->newTensor(DataType::Float, {2 * n, 4});
-  f->addInput(x);
-  f->addInput(w);
-  TensorView* y = ops::linear(x, w);
-  f->addOutput(y);
-  for (TensorView* tv : {x, w}) {
-    tv->setDeviceMesh(mesh);
-    tv->outerSplit(0, n);
-    tv->parallelize(0, ParallelType::MeshX);
-  }
-  y->setDeviceMesh(mesh);
-  y->outerSplit(1, n);
-  y->parallelize(1, ParallelType::MeshX);
-  y->outerSplit(0, 4);  // 6 local rows do not split into 4 chunks
-  y->parallelize(0, ParallelType::Stream);
-  FusionExecutorCache fec(f);
   Tensor xs = randomTensor({6, 4}, 1), ws = randomTensor({2, 4}, 2);
   try {
-    fec.execute({xs, ws});
+    auto f = std::make_shared<Fusion>();
+    TensorView* x = f->newTensor(DataType::Float, {6 * n, 4});
+    TensorView* w = f->newTensor(DataType::Float, {2 * n, 4});
+    f->addInput(x);
+    f->addInput(w);
+    TensorView* y = ops::linear(x, w);
+    f->addOutput(y);
+    for (TensorView* tv : {x, w}) {
+      tv->setDeviceMesh(mesh);
+      tv->outerSplit(0, n);
+      tv->parallelize(0, ParallelType::MeshX);
+    }
+    y->setDeviceMesh(mesh);
+    y->outerSplit(1, n);
+    y->parallelize(1, ParallelType::MeshX);
+    y->outerSplit(0, 4);  // 6 local rows do not split into 4 chunks
+    y->parallelize(0, ParallelType::Stream);
+    FusionExecutorCache(f).execute({xs, ws});
     FAIL() << "expected a UserError";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("does not divide"), std::string::npos) << e.what();
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("does not divide") != std::string::npos ||
+                what.find("does not split evenly by 4") != std::string::npos)
+        << what;
   }
 }
 

@@ -1,7 +1,8 @@
 """Reliability from Python (run under mpirun -np 2 and -np 4 by scripts/test; also a world of 1):
 a thousand cached executes keep resident memory and meshfuse's live CPU bytes flat on every rank,
-and ranks whose definitions differ all get a ValueError naming the differing rank and line (the
-consistency check of a new program), after which the world still executes correctly."""
+and ranks whose definitions differ all get a ValueError naming the differing rank and line (execute's
+agreement, every call: also when the ranks call cached fusions in another order, or from threads),
+after which the world still executes correctly."""
 import os
 import time
 
@@ -72,10 +73,10 @@ def test_different_definitions_raise_on_every_rank_then_the_world_recovers():
 
 
 @pytest.mark.skipif(WORLD < 2, reason="needs two or more ranks")
-def test_lowering_failure_on_one_rank_raises_on_every_rank_at_once():
-    """The last rank's output sits on a [1, WORLD] mesh the inputs' mesh cannot reach, so only its
-    lowering fails: it joins the consistency check with its error, and every rank raises at once
-    (not after MESHFUSE_TIMEOUT) with a ValueError naming it."""
+def test_a_definition_one_rank_cannot_lower_raises_on_every_rank_at_once():
+    """The last rank's output sits on a [1, WORLD] mesh the inputs' mesh cannot reach, so only it
+    could not lower its program. The definitions differ, so every rank raises at once (not after
+    MESHFUSE_TIMEOUT) in execute's agreement, before lowering, with a ValueError showing the line."""
     last = WORLD - 1
     fd = _gather_relu(output_mesh=DeviceMesh(list(range(WORLD)), [1, WORLD]) if RANK == last else None)
     start = time.monotonic()
@@ -83,11 +84,86 @@ def test_lowering_failure_on_one_rank_raises_on_every_rank_at_once():
         fd.execute([MINE])
     elapsed = time.monotonic() - start
     message = str(info.value)
-    if RANK == last:
-        assert "cannot move" in message
-    else:
-        assert f"rank {last} failed while lowering this fusion" in message
-        assert "cannot move" in message, "the failing rank's error is shown"
+    assert "called execute on different fusions" in message
+    assert f"rank {last} differs from rank 0" in message
+    assert f"[1, {WORLD}] = relu(T0)" in message, "the last rank's line is shown"
     assert elapsed < 5, f"rank {RANK} waited {elapsed:.1f} s for the failing rank"
     (out,) = _gather_relu().execute([MINE])  # nothing was left pending
     np.testing.assert_allclose(np.asarray(out), np.maximum(FULL, 0), rtol=1e-6)
+
+
+CPU_BACKENDS = [b for b in (meshfuse.CommunicatorBackend.mpi, meshfuse.CommunicatorBackend.gloo,
+                            meshfuse.CommunicatorBackend.ucc) if b in meshfuse.available_backends()]
+
+
+def _gather_and_sum(backend):
+    """Two fusions of the same input x [2*WORLD, 3] sharded on axis 0: x gathered (an allgather)
+    and x summed over axis 0 (an allreduce)."""
+    fds = []
+    for make in (lambda fd, x: fd.ops.relu(x), lambda fd, x: fd.ops.sum(x, [0])):
+        with FusionDefinition(backend_type=backend) as fd:
+            x = fd.define_tensor(shape=[2 * WORLD, 3], dtype=DataType.Float)
+            y = make(fd, x)
+            fd.add_output(y)
+            y.set_device_mesh(DeviceMesh(range(WORLD)))  # replicated
+            x.set_device_mesh(DeviceMesh(range(WORLD)))
+            x.outer_split(0, WORLD)
+            x.axis(0).parallelize(ParallelType.mesh_x)
+        fds.append(fd)
+    return fds
+
+
+@pytest.mark.skipif(WORLD < 2, reason="needs two or more ranks")
+@pytest.mark.parametrize("backend", CPU_BACKENDS, ids=lambda b: b.name)
+def test_cached_fusions_called_in_another_order_raise_on_every_rank(backend):
+    """Rank 0 executes one cached fusion while the others execute another: their programs had passed
+    the new-program check long before, and each rank ran its own (UCC returned wrong data without an
+    error, MPI aborted the job on a truncated message). Every rank now raises, and the world recovers."""
+    gather, total = _gather_and_sum(backend)
+    gather.execute([MINE])
+    total.execute([MINE])
+    with pytest.raises(ValueError, match="called execute on different fusions") as info:
+        (gather if RANK == 0 else total).execute([MINE])
+    assert "the first difference is line" in str(info.value)
+    (out,) = gather.execute([MINE])
+    np.testing.assert_allclose(np.asarray(out), np.maximum(FULL, 0), rtol=1e-6)
+    (out,) = total.execute([MINE])
+    np.testing.assert_allclose(np.asarray(out), FULL.sum(axis=0), rtol=1e-5)
+
+
+@pytest.mark.skipif(WORLD < 2, reason="needs two or more ranks")
+@pytest.mark.parametrize("backend", CPU_BACKENDS, ids=lambda b: b.name)
+def test_threads_executing_different_fusions_match_or_raise(backend):
+    """Two threads a rank, each executing its own fusion in a loop: steps pair the ranks' executions
+    in whatever order the threads take turns, so some pair different fusions. Each must return the
+    right result or raise the mismatch on every rank (the job died with MPI_ERR_TRUNCATE; UCC raised
+    internal errors from interleaved out-of-band exchanges)."""
+    import threading
+
+    gather, total = _gather_and_sum(backend)
+    outcomes = {"matched": 0, "raised": 0, "wrong": []}
+    lock = threading.Lock()
+
+    def loop(fd, expected):
+        for _ in range(20):
+            try:
+                (out,) = fd.execute([MINE])
+                ok = np.allclose(np.asarray(out), expected, rtol=1e-5)
+                with lock:
+                    outcomes["matched" if ok else "wrong"] += 1 if ok else ["wrong result"]
+            except ValueError as e:
+                with lock:
+                    if "called execute on different fusions" in str(e):
+                        outcomes["raised"] += 1
+                    else:
+                        outcomes["wrong"].append(str(e))
+
+    threads = [threading.Thread(target=loop, args=(gather, np.maximum(FULL, 0))),
+               threading.Thread(target=loop, args=(total, FULL.sum(axis=0)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "an execution hung"
+    assert outcomes["wrong"] == [], outcomes["wrong"][:3]
+    assert outcomes["matched"] + outcomes["raised"] == 40

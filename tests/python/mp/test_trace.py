@@ -143,4 +143,7 @@ def test_a_trace_path_rank_0_cannot_write_fails_on_every_rank_before_running():
     local = np.full((2, 3), RANK, np.float32)
     with pytest.raises(ValueError, match="cannot write the trace to /nonexistent-meshfuse-dir/t.json"):
         fd.execute([local], trace="/nonexistent-meshfuse-dir/t.json")
+    # A folder is writable, but not as a file: it passed the check, and rank 0 alone raised after the run.
+    with pytest.raises(ValueError, match="cannot write the trace to /tmp: it is a directory"):
+        fd.execute([local], trace="/tmp")
     np.testing.assert_array_equal(fd.execute([local])[0][:, 0], np.repeat(np.arange(WORLD), 2))
