@@ -179,9 +179,9 @@ void HostIrEvaluator::run(ValueMap& values) {
         break;
       }
       case Instruction::Kind::StreamForLoop:
-        if (tracer_ && params_.trace_host) {  // one host span: the loop's own tracing synchronizes
+        if (tracer_ && params_.trace_host) {  // a host span around the loop's host-timed chunk events
           const double begin = now();
-          runStreamLoop(hic_, hic_.loops[ins.index], values, executor_, params_, nullptr);
+          runStreamLoop(hic_, hic_.loops[ins.index], values, executor_, params_, tracer_);
           tracer_->add("stream loop " + std::to_string(ins.index), "host", 0, begin, now());
         } else {
           runStreamLoop(hic_, hic_.loops[ins.index], values, executor_, params_, tracer_);

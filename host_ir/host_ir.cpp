@@ -45,8 +45,8 @@ std::string StreamLoop::toString(const HostIrContainer& hic, int64_t streams) co
     os << "    LaunchSegment(i) " << hic.segments[segment].toString() << "[chunk i]\n";
   } else {
     os << "    LaunchSegment(i) " << hic.segments[segment].toString() << "[chunk i]\n";
-    os << "    PostOnStream(i) " << c.toString() << "[chunk i]\n";
     os << "    Wait(i - streams)\n";
+    os << "    PostOnStream(i) " << c.toString() << "[chunk i]\n";
   }
   os << "  }";
   return os.str();

@@ -104,6 +104,11 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
     // A mesh axis split into other than the mesh's device count: said as such, before the extents (whose
     // expected local values assume the mesh's count and would point at the wrong thing).
     for (const LoopAxis& la : tv->loop()) {
+      // A whole axis on the mesh, of a known extent that is not the device count: said before the
+      // extents too (which expected a block of it, then refused that block).
+      if (tv->hasDeviceMesh() && isMeshParallel(la.parallel) && la.part == LoopAxis::Part::Whole &&
+          tv->shape()[la.logical] >= 0 && tv->shape()[la.logical] != tv->deviceMesh()->size(la.parallel))
+        throw UserError(wholeAxisOnMeshError(tv, la.logical, tv->shape()[la.logical], la.parallel));
       if (!tv->hasDeviceMesh() || !isMeshParallel(la.parallel) || la.part != LoopAxis::Part::Outer || !la.outer_split)
         continue;
       const int64_t devices = tv->deviceMesh()->size(la.parallel);

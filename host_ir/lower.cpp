@@ -125,11 +125,25 @@ void checkChunks(const TensorView* tv, int64_t local_rows, int64_t chunks) {
 }
 }  // namespace
 
+namespace {
+// A row-parallel linear with a bias is lowered as the reduce-scatter of the product, then the bias
+// added to the scattered rows: a stream split the user put on the linear's result sits on that add
+// (and resharding may carry it to the scattered rows). It pipelines the reduce-scatter all the same;
+// the bias is added to the whole result after the loop. Returns that add's result, or nullptr.
+TensorView* streamSplitBiasAddAfter(TensorView* y) {
+  if (y->uses().size() != 1) return nullptr;
+  const Expr* add = y->uses()[0];
+  if (add->op() != OpType::Add || add->out()->streamAxis() != 0 || add->inputTv(0) != y) return nullptr;
+  return add->out();
+}
+}  // namespace
+
 // Finds allgather -> matmul and matmul -> reduce-scatter pairs whose result is stream-parallel on
 // axis 0: they become one pipelined loop instead of a communication and a launch.
 void HostIrLower::findStreamLoops(const Fusion& fusion, const GlobalShapes& shapes) {
   loop_at_.clear();
   absorbed_.clear();
+  std::set<const TensorView*> pipelined;  // the stream-split tensors a loop realizes
   const int64_t rank = hic_->rank;
   for (Expr* e : fusion.liveExprs()) {
     if (!isMatmul(e) || !onThisRank(e->out(), rank)) continue;
@@ -153,17 +167,19 @@ void HostIrLower::findStreamLoops(const Fusion& fusion, const GlobalShapes& shap
       const Expr* scatter = out->uses()[0];
       int d = reshardedDim(scatter);
       TensorView* y = scatter->out();
-      if (d >= 0 && shardingOf(y).axis[d] == 0 && y->streamAxis() == 0) {
-        int64_t chunks = y->streamChunks(shapes.at(y)[0]);
-        checkChunks(y, hic_->local_shapes.at(y)[0], chunks);
+      TensorView* bias_sum = streamSplitBiasAddAfter(y);
+      TensorView* split = y->streamAxis() < 0 && bias_sum != nullptr ? bias_sum : y;
+      if (d >= 0 && shardingOf(y).axis[d] == 0 && split->streamAxis() == 0) {
+        int64_t chunks = split->streamChunks(shapes.at(split)[0]);
+        checkChunks(split, hic_->local_shapes.at(y)[0], chunks);
         loop_at_[scatter] = {e, scatter, StreamLoop::Kind::MatmulThenReduceScatter, chunks};
         absorbed_[e] = true;
+        if (bias_sum != nullptr) pipelined.insert(bias_sum);
       }
     }
   }
   // A stream split no loop uses is a schedule the user asked for and would not get: it used to be
   // dropped silently (the program then ran unpipelined), so it is an error naming the two forms.
-  std::set<const TensorView*> pipelined;
   for (const auto& [at, plan] : loop_at_)
     pipelined.insert(plan.kind == StreamLoop::Kind::AllgatherThenMatmul ? plan.matmul->out() : plan.set->out());
   for (const auto& v : fusion.vals()) {

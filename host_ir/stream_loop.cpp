@@ -46,10 +46,12 @@ int overlapSmMargin(const HostIrEvaluatorParams& params) {
 // Device marks of one chunk: before its first step, between its two steps, after the second (the
 // steps are communication then compute for an allgather loop, compute then communication for a
 // reduce-scatter loop).
-// MESHFUSE_DEBUG=INFO logs every communication as it is posted; a loop's are its chunks.
-void logChunkPost(const Communication& c, int64_t chunk, int64_t chunks) {
+// MESHFUSE_DEBUG=INFO logs every communication as it is posted; a loop's are its chunks, with the
+// bytes the chunk's post sends and receives (a slice of the whole tensors').
+void logChunkPost(const Communication& c, int64_t chunk, int64_t chunks, const Tensor& in, const Tensor& out) {
   if (debug::enabled(debug::Level::Info))
-    debug::info("post chunk " + std::to_string(chunk) + " of " + std::to_string(chunks) + ": " + c.toString());
+    debug::info("post chunk " + std::to_string(chunk) + " of " + std::to_string(chunks) + ": " + c.toString() +
+                " in_bytes=" + std::to_string(in.nbytes()) + " out_bytes=" + std::to_string(out.nbytes()));
 }
 
 struct ChunkMarks {
@@ -86,7 +88,10 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
   const Expr* mm = seg.exprs.front();
   const int64_t d = backend.teamSize(), s = loop.chunks;
   const int64_t depth = std::max<int64_t>(1, std::min(params.number_of_streams, s));
+  // Host-timed chunk events (the host path, and trace_host); the device path's events are device
+  // time, measured by events it synchronizes on, which a trace of the host's time must not do.
   const Lanes lanes{tracer, depth};
+  const Lanes device_lanes{params.trace_host ? nullptr : tracer, depth};
   const std::string comm_name = toString(c.type);
   const std::string mm_name = toString(mm->op());
   const int sm_margin = overlapSmMargin(params);
@@ -105,7 +110,7 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
       Tensor chunk = x_local.slice(0, i * r, r);
       buffers[i] = Tensor::empty(withLeading(chunk.shape(), {d}), chunk.dtype(), hic.device);
       posted[i] = lanes.now();
-      logChunkPost(c, i, s);
+      logChunkPost(c, i, s, chunk, buffers[i]);
       works[i] = backend.allgather(chunk, buffers[i]);
     };
     ShapeMap shapes = hic.local_shapes;
@@ -122,8 +127,9 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
       buffers[i] = Tensor();
     };
     const double created_us = lanes.now();
-    if (auto streams = backend.ordersOnCurrentStream() ? makeStreamSet(hic.device, depth, tracer != nullptr, sm_margin)
-                                                       : nullptr) {
+    if (auto streams = backend.ordersOnCurrentStream()
+                           ? makeStreamSet(hic.device, depth, device_lanes.tracer != nullptr, sm_margin)
+                           : nullptr) {
       // On the device: chunk i's allgather, then its matmul, queued on stream i % depth.
       std::vector<ChunkMarks> marks(s);
       for (int64_t i = 0; i < s; ++i) {
@@ -134,7 +140,7 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
         compute(i);
         marks[i].end = streams->mark();
       }
-      finishAsync(*streams, works, marks, created_us, lanes, comm_name, mm_name, true, params.timeout);
+      finishAsync(*streams, works, marks, created_us, device_lanes, comm_name, mm_name, true, params.timeout);
       values.tensors[y] = y_out;
       return;
     }
@@ -175,12 +181,13 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
   auto post = [&](int64_t i) {
     Tensor out_slice = y_out.slice(0, i * r, r);
     posted[i] = lanes.now();
-    logChunkPost(c, i, s);
+    logChunkPost(c, i, s, partials[i], out_slice);
     works[i] = backend.reduceScatter(partials[i], out_slice, c.op);
   };
   const double created_us = lanes.now();
-  if (auto streams =
-          backend.ordersOnCurrentStream() ? makeStreamSet(hic.device, depth, tracer != nullptr, sm_margin) : nullptr) {
+  if (auto streams = backend.ordersOnCurrentStream()
+                         ? makeStreamSet(hic.device, depth, device_lanes.tracer != nullptr, sm_margin)
+                         : nullptr) {
     // On the device: chunk i's matmul, then its reduce-scatter, queued on stream i % depth.
     std::vector<ChunkMarks> marks(s);
     for (int64_t i = 0; i < s; ++i) {
@@ -192,7 +199,7 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
       marks[i].end = streams->mark();
       partials[i] = Tensor();  // freed in chunk i's stream order, after its reduce-scatter
     }
-    finishAsync(*streams, works, marks, created_us, lanes, comm_name, mm_name, false, params.timeout);
+    finishAsync(*streams, works, marks, created_us, device_lanes, comm_name, mm_name, false, params.timeout);
     values.tensors[y] = y_out;
     return;
   }
@@ -201,12 +208,14 @@ void runStreamLoop(const HostIrContainer& hic, const StreamLoop& loop, ValueMap&
     lanes.record(comm_name, "communication", i, posted[i], true);
     partials[i] = Tensor();
   };
+  // Chunk i's matmul runs while the `depth` chunks before it are in flight; the oldest is waited for
+  // before chunk i is posted in its place (on its lane), so at most `depth` are ever in flight.
   for (int64_t i = 0; i < s; ++i) {
     double begin = lanes.now();
     compute(i);
     lanes.record(mm_name, "compute", i, begin, false);
-    post(i);
     if (i >= depth) finish(i - depth);
+    post(i);
   }
   for (int64_t i = std::max<int64_t>(0, s - depth); i < s; ++i) finish(i);
   values.tensors[y] = y_out;

@@ -61,8 +61,33 @@ std::vector<int> reshapeAxes(const std::vector<int64_t>& in, const std::vector<i
   std::vector<int> m(in.size(), kNoAxis);
   const bool known = std::none_of(in.begin(), in.end(), [](int64_t e) { return e < 0; }) &&
                      std::none_of(out.begin(), out.end(), [](int64_t e) { return e < 0; });
-  if (!known) {  // symbolic extents: only the leading axis is known to start a group
-    if (!in.empty() && !out.empty()) m[0] = 0;
+  if (!known) {
+    // Symbolic extents (a batch bound at execute, say): the static trailing axes form groups from
+    // the back, as below from the front ([-1, 16] -> [-1, 4, 4]: axis 1 -> axis 1); what is left on
+    // each side then holds as many elements as the other, so it is one group starting at axis 0.
+    size_t i = in.size(), j = out.size();
+    while (i > 0 && j > 0 && in[i - 1] >= 0 && out[j - 1] >= 0) {
+      if (in[i - 1] == 1 && out[j - 1] != 1) {
+        --i;
+        continue;
+      }
+      if (out[j - 1] == 1 && in[i - 1] != 1) {
+        --j;
+        continue;
+      }
+      int64_t pi = in[--i], pj = out[--j];
+      while (pi != pj) {
+        if (pi < pj && i > 0 && in[i - 1] >= 0)
+          pi *= in[--i];
+        else if (pj < pi && j > 0 && out[j - 1] >= 0)
+          pj *= out[--j];
+        else
+          break;
+      }
+      if (pi != pj) break;  // the group reaches into the symbolic part: it belongs to the prefix
+      m[i] = static_cast<int>(j);
+    }
+    if (i > 0 && j > 0) m[0] = 0;
     return m;
   }
   size_t i = 0, j = 0;

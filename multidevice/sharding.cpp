@@ -1,5 +1,7 @@
 #include "multidevice/sharding.h"
 
+#include <algorithm>
+
 #include "runtime/tensor.h"
 
 namespace meshfuse {
@@ -55,6 +57,15 @@ void checkHasDeviceMesh(const TensorView* tv) {
     throw UserError(tv->name() + " is parallelized on a mesh dimension but has no device mesh (call set_device_mesh)");
 }
 
+std::string wholeAxisOnMeshError(const TensorView* tv, int64_t axis, int64_t extent, ParallelType p) {
+  const DeviceMesh& mesh = *tv->deviceMesh();
+  const std::string a = std::to_string(axis), devices = std::to_string(mesh.size(p));
+  return tv->name() + " axis " + a + " (extent " + std::to_string(extent) + ") is parallelized whole on " +
+         toString(p) + ", which puts one element on each device: its extent must be the " + devices + " devices of " +
+         mesh.toString() + " along " + toString(p) + "; to shard it in blocks, outer_split(" + a + ", " + devices +
+         ") it first";
+}
+
 void checkShardable(const TensorView* tv, const std::vector<int64_t>& shape) {
   if (!tv->isSharded()) return;
   checkHasDeviceMesh(tv);
@@ -75,6 +86,10 @@ void checkShardable(const TensorView* tv, const std::vector<int64_t>& shape) {
                         " does not split evenly by " + std::to_string(la.factor));
     }
     int64_t parts = tv->partsAlong(p, extent);
+    const bool whole = std::any_of(tv->loop().begin(), tv->loop().end(), [p](const LoopAxis& la) {
+      return la.parallel == p && la.part == LoopAxis::Part::Whole;
+    });
+    if (whole && parts != devices) throw UserError(wholeAxisOnMeshError(tv, axis, extent, p));
     if (parts != devices)
       throw UserError(tv->name() + " axis " + std::to_string(axis) + " (extent " + std::to_string(extent) +
                       ") is split into " + std::to_string(parts) + " parts along " + toString(p) + " but " +

@@ -27,6 +27,10 @@ void applySharding(TensorView* tv, const DeviceMesh& mesh, const Sharding& s);
 
 // Throws UserError when `tv` is parallelized on a mesh dimension but has no device mesh.
 void checkHasDeviceMesh(const TensorView* tv);
+// The error for logical `axis` (of `extent`) parallelized whole on `p` where the mesh has another
+// number of devices along p: a whole axis puts one element on each device, so its extent must be
+// that number; blocks come from outer_split(axis, devices) first.
+std::string wholeAxisOnMeshError(const TensorView* tv, int64_t axis, int64_t extent, ParallelType p);
 // Checks that every sharded axis of `tv` (with global `shape`) splits into as many parts as the
 // mesh has devices along that dimension, evenly. Throws UserError naming tensor, axis, extent, mesh.
 void checkShardable(const TensorView* tv, const std::vector<int64_t>& shape);

@@ -20,6 +20,7 @@ call them in the same order: a step at which ranks execute different definitions
 on every rank.
 """
 import datetime
+import numbers
 import re
 import threading
 
@@ -353,6 +354,10 @@ class _Ops:
 _PLAIN_TORCH_MODULES = ("torch", "torch.nn.parameter")
 
 
+# How another rank's TypeError reaches this one (C++ says "rank R failed its input check, so no rank
+# executes: " and the message that rank reported).
+_OTHER_RANKS_TYPE_ERROR = "so no rank executes: TypeError: "
+
 class FusionDefinition:
     """A program over global shapes. See the module docstring for the two ways to write one."""
 
@@ -365,6 +370,10 @@ class FusionDefinition:
         self.ops = _Ops(self)
         self.set_backend(backend_type)
         if number_of_streams is not None:
+            # An integer, not anything int() takes: 2.7 was 2, True 1 and "3" 3, silently.
+            if isinstance(number_of_streams, (bool, np.bool_)) or not isinstance(number_of_streams,
+                                                                                 (numbers.Integral, np.integer)):
+                raise TypeError(f"number_of_streams must be an integer, got {number_of_streams!r}")
             if int(number_of_streams) < 1:
                 raise ValueError(f"number_of_streams must be at least 1, got {number_of_streams}")
             self._params.executor.number_of_streams = int(number_of_streams)
@@ -510,9 +519,12 @@ class FusionDefinition:
                 results = self._cache.execute(args, params)
             except ValueError as error:  # the C++ checks (extents, shardings) know inputs by IR name only
                 named = self._naming_inputs_in(str(error))
-                if named is None:
+                # Another rank's TypeError (a wrong dtype or type there; _fail_other_ranks marks it) is
+                # a TypeError here too, so that one except clause handles the failure on every rank.
+                kind = TypeError if _OTHER_RANKS_TYPE_ERROR in str(error) else ValueError
+                if named is None and kind is ValueError:
                     raise
-                raise ValueError(named) from None
+                raise kind(named or str(error)) from None
         return self._exported(results, torch_out)
 
     def _naming_inputs_in(self, message):
@@ -646,7 +658,8 @@ class FusionDefinition:
         """The other ranks wait in execute() for this rank's inputs: tell them this rank's were bad, so
         every rank raises instead of waiting out the timeout. (A world of one returns at once.)"""
         try:
-            self._cache.report_input_error(str(error), params)
+            self._cache.report_input_error(("TypeError: " if isinstance(error, TypeError) else "") + str(error),
+                                           params)
         except ValueError:
             pass  # it always raises the error it reported; this rank raises the original instead
 

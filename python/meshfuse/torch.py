@@ -12,6 +12,9 @@ shards them; the backward fusion returns each gradient with its parameter's shar
 gradients are identical on every rank, data-parallel ones are already reduced), so a plain
 optimizer step keeps the ranks consistent.
 """
+import copy
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -37,43 +40,77 @@ class _LayerFunction(torch.autograd.Function):
     # refuses a backward whose inputs or parameters were modified in place since the forward.
     @staticmethod
     def forward(ctx, layer, x, *params):
-        outs = layer.forward_fusion.execute([_plain(x)] + [_plain(p) for p in params])
+        forward_fusion, backward_fusion = layer.fusions()  # the training or the evaluation pair
+        outs = forward_fusion.execute([_plain(x)] + [_plain(p) for p in params])
         named = dict(zip(_tf.FORWARD_OUTPUTS, outs))
-        ctx.layer = layer
+        ctx.layer, ctx.backward_fusion = layer, backward_fusion
         arrays = {"x": x, **dict(zip(_tf.PARAMETERS, params)), **named}
-        ctx.saved_names = [n for n in layer.backward_fusion.input_names() if n in arrays]
+        ctx.saved_names = [n for n in backward_fusion.input_names() if n in arrays]
         ctx.save_for_backward(*[arrays[n] for n in ctx.saved_names])
         # Detached: the output that autograd tracks (and its graph) is not kept alive by the layer.
         layer.last_forward = {n: t.detach() for n, t in named.items()}
         return named["out"]
 
+    # The backward fusion is not itself differentiated: a double backward (a gradient penalty, say)
+    # gets torch's error instead of silently zero second-order gradients.
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        layer = ctx.layer
         arrays = {n: _plain(t) for n, t in zip(ctx.saved_names, ctx.saved_tensors)}
         arrays["grad_out"] = _plain(grad_out)
-        inputs = [arrays.pop(n) for n in layer.backward_fusion.input_names()]
-        grads = dict(zip(_tf.BACKWARD_OUTPUTS, layer.backward_fusion.execute(inputs)))
+        inputs = [arrays.pop(n) for n in ctx.backward_fusion.input_names()]
+        grads = dict(zip(_tf.BACKWARD_OUTPUTS, ctx.backward_fusion.execute(inputs)))
         return (None, grads["grad_x"]) + tuple(grads["grad_" + n] for n in _tf.PARAMETERS)
 
 
 class TransformerLayer(torch.nn.Module):
-    """One transformer layer (meshfuse.models.transformer) with parameters as this rank's shards."""
+    """One transformer layer (meshfuse.models.transformer) with parameters as this rank's shards.
+
+    In evaluation mode (`layer.eval()`) it drops nothing: it runs a second pair of fusions, built on
+    first use, whose dropout probabilities are 0 (the masks it returns then keep everything)."""
 
     def __init__(self, cfg, schedule="none", mesh=None, init_seed=0, backend=None):
         super().__init__()
         comm = Communicator.instance()
-        self.cfg, self.schedule, self.rank = cfg, schedule, comm.rank
+        self.cfg, self.schedule, self.rank, self.backend = cfg, schedule, comm.rank, backend
         self.mesh = mesh if mesh is not None or schedule == "none" else _tf.mesh_for(schedule, comm.size)
-        kwargs = {} if backend is None else {"backend_type": backend}
-        self.forward_fusion = _tf.TransformerForward(cfg, self.mesh, schedule, **kwargs)
-        self.backward_fusion = _tf.TransformerBackward(cfg, self.mesh, schedule, **kwargs)
+        self.forward_fusion, self.backward_fusion = self._make_fusions(cfg)
+        self._eval_fusions = None
         self.forward_fusion._ensure_defined()
         self.last_forward = None
         dtype = _TORCH_DTYPE[cfg.dtype.name]
         for name, array in self.initial_parameters(cfg, init_seed).items():
             local = shard_tensor(array, self.forward_fusion.tensors[name], self.rank)
             self.register_parameter(name, torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(local)).to(dtype)))
+
+    def _make_fusions(self, cfg):
+        kwargs = {} if self.backend is None else {"backend_type": self.backend}
+        return (_tf.TransformerForward(cfg, self.mesh, self.schedule, **kwargs),
+                _tf.TransformerBackward(cfg, self.mesh, self.schedule, **kwargs))
+
+    def fusions(self):
+        """The (forward, backward) FusionDefinitions this mode runs: with the configuration's dropout
+        when training, without any in evaluation mode."""
+        if self.training:
+            return self.forward_fusion, self.backward_fusion
+        if self._eval_fusions is None:
+            self._eval_fusions = self._make_fusions(
+                dataclasses.replace(self.cfg, dropout_p=0.0, attention_dropout_p=0.0))
+        return self._eval_fusions
+
+    def __deepcopy__(self, memo):
+        """A copy with fusions of its own (theirs hold C++ objects that do not copy) and copies of
+        the parameters (values, requires_grad) and mode, as copy.deepcopy of a torch module gives."""
+        clone = TransformerLayer(self.cfg, self.schedule, self.mesh, backend=self.backend)
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                mine = getattr(clone, name)
+                mine.copy_(param)
+                mine.requires_grad_(param.requires_grad)
+                if param.grad is not None:
+                    mine.grad = copy.deepcopy(param.grad, memo)
+        clone.train(self.training)
+        return clone
 
     @staticmethod
     def initial_parameters(cfg, seed):

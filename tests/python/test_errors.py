@@ -463,3 +463,22 @@ def test_a_meshfuse_seed_that_is_not_a_non_negative_integer_raises(monkeypatch, 
     monkeypatch.setenv("MESHFUSE_SEED", "42")
     first = fd.execute([])[0]
     assert first.shape == (4,) and 0.0 <= first.min() and first.max() < 1.0
+
+
+def test_a_whole_axis_on_the_mesh_is_one_clear_error_everywhere():
+    """x.axis(0).parallelize(mesh_x) without outer_split puts one element on each device. With 8 rows
+    on a mesh of one device, execute first asked for a block of the rows (extent 8/1), then refused
+    it ("split into 8 parts"), and shard_tensor said a third thing. Now all three say the rule."""
+    from meshfuse.multidevice import shard_tensor
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([8, 8])
+        fd.add_output(fd.ops.neg(x))
+        x.set_device_mesh(DeviceMesh([0]))
+        x.axis(0).parallelize(ParallelType.mesh_x)
+    rule = r"T0 axis 0 \(extent 8\) is parallelized whole on mesh_x, which puts one element on each device: its " \
+           r"extent must be the 1 devices of .* to shard it in blocks, outer_split\(0, 1\) it first"
+    for rows in (8, 1):
+        with pytest.raises(ValueError, match=rule):
+            fd.execute([np.zeros((rows, 8), np.float32)])
+    with pytest.raises(ValueError, match=r"shard_tensor: T0 axis 0 \(extent 8\) is parallelized whole on mesh_x"):
+        shard_tensor(np.zeros((8, 8), np.float32), x, 0)

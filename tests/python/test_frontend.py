@@ -400,6 +400,10 @@ def test_executor_parameters_and_a_stream_parallel_axis(rng):
     np.testing.assert_allclose(out, xn.astype(np.float64) @ wn.T, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="number_of_streams must be at least 1, got 0"):
         FusionDefinition(number_of_streams=0)
+    for not_an_integer in (2.7, True, "3"):  # int() took them: 2, 1, 3
+        with pytest.raises(TypeError, match="number_of_streams must be an integer"):
+            FusionDefinition(number_of_streams=not_an_integer)
+    assert FusionDefinition(number_of_streams=np.int64(3)).number_of_streams == 3
 
 
 def _sharded_tv(shape, mesh):

@@ -104,3 +104,47 @@ def test_a_saved_tensor_modified_in_place_after_the_forward_is_refused(modified)
         (x2 if modified == "x" else getattr(layer, modified)).mul_(3.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+def test_eval_mode_drops_nothing_and_training_mode_drops_again():
+    """layer.eval() kept dropping (the fusions have dropout in them): two evaluations differed. Now
+    evaluation runs fusions without dropout: the output is the dropout_p=0 layer's, every time."""
+    from meshfuse.torch import TransformerLayer
+    layer, x = _layer_and_input()
+    layer.eval()
+    with torch.no_grad():
+        first, second = layer(x), layer(x)
+    assert bool(layer.last_forward["attn_dropout_mask"].all()) and bool(layer.last_forward["mlp_dropout_mask"].all())
+    np.testing.assert_array_equal(first.numpy(), second.numpy())
+    plain = TransformerLayer(TransformerConfig(batch=2, sequence=16, heads=2, hidden=32, dtype=DataType.Float,
+                                               dropout_p=0.0))
+    with torch.no_grad():
+        np.testing.assert_allclose(first.numpy(), plain(x).numpy(), rtol=1e-6, atol=1e-6)
+    layer.train()
+    with torch.no_grad():
+        again, more = layer(x), layer(x)
+    assert not bool(layer.last_forward["mlp_dropout_mask"].all())
+    assert not np.array_equal(again.numpy(), more.numpy()), "training mode drops again, differently each step"
+
+
+def test_a_double_backward_is_torchs_error_not_zero_gradients():
+    """The backward fusion is not differentiated: create_graph=True gave a gradient without history, so
+    a gradient penalty's second-order gradients were silently zero."""
+    layer, x = _layer_and_input()
+    (g,) = torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|differentiate twice"):
+        g.pow(2).sum().backward()
+
+
+def test_deepcopy_gives_an_independent_layer_with_the_same_parameters():
+    """copy.deepcopy raised (a Fusion cannot be pickled): EMA copies and the like need it."""
+    import copy
+    layer, x = _layer_and_input()
+    layer.ln0_weight.requires_grad_(False)
+    layer.eval()
+    twin = copy.deepcopy(layer)
+    assert not twin.training and not twin.ln0_weight.requires_grad and twin.fc1_weight.requires_grad
+    with torch.no_grad():
+        np.testing.assert_array_equal(twin(x).numpy(), layer(x).numpy())
+        twin.fc1_weight.add_(1.0)
+    assert not torch.equal(twin.fc1_weight, layer.fc1_weight), "the copy's parameters are its own"

@@ -44,8 +44,14 @@ def shard_tensor(full, tv, rank):
             split_shape.append(extent)
             if parallel in _MESH_TYPES:
                 if extent != mesh.size_along(parallel):
+                    devices = mesh.size_along(parallel)
+                    if len(axis_parts) == 1:  # a whole axis: worded as execute words it
+                        raise ValueError(f"shard_tensor: {tv.name} axis {logical} (extent {extent}) is parallelized "
+                                         f"whole on {parallel.name}, which puts one element on each device: its "
+                                         f"extent must be the {devices} devices of the mesh along {parallel.name}; to "
+                                         f"shard it in blocks, outer_split({logical}, {devices}) it first")
                     raise ValueError(f"shard_tensor: {tv.name} axis {logical} has a part of extent {extent} on "
-                                     f"{parallel.name}, whose mesh dimension has {mesh.size_along(parallel)} devices")
+                                     f"{parallel.name}, whose mesh dimension has {devices} devices")
                 c = mesh.coordinate(rank, parallel)
                 index.append(slice(c, c + 1))
             else:

@@ -76,8 +76,13 @@ TEST(MultiDeviceDebugLog, InfoPrintsAStreamLoopsStreamCountAndEachChunksPost) {
 
   // The logged program is the one that runs: 2 streams (it said 1, the default, before the run set it).
   EXPECT_NE(log.find("ParallelType::stream over 2 streams"), std::string::npos) << log;
-  for (int chunk = 0; chunk < 4; ++chunk)
-    EXPECT_NE(log.find("post chunk " + std::to_string(chunk) + " of 4: Allgather("), std::string::npos) << log;
+  // Each chunk's post with its own bytes: one row of 3 floats sent, n received.
+  const std::string bytes = " in_bytes=12 out_bytes=" + std::to_string(12 * n) + "\n";
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    const size_t at = log.find("post chunk " + std::to_string(chunk) + " of 4: Allgather(");
+    ASSERT_NE(at, std::string::npos) << log;
+    EXPECT_EQ(log.compare(log.find(')', log.find("backend=", at)) + 1, bytes.size(), bytes), 0) << log.substr(at, 200);
+  }
 }
 
 }  // namespace

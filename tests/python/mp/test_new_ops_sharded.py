@@ -251,3 +251,30 @@ def test_a_huge_or_infinite_timeout_waits_instead_of_expiring_at_once(monkeypatc
         shard(x)
         y.set_device_mesh(MESH)
     np.testing.assert_array_equal(fd.execute([block(FULL)])[0], FULL)
+
+
+@pytest.mark.parametrize("batch", [6, -1], ids=["static batch", "symbolic batch"])
+def test_heads_stay_sharded_through_reshapes_with_a_symbolic_batch(batch):
+    """Column-parallel linear, split into heads, permute, merge the heads back, row-parallel linear: the
+    heads stay sharded through the views and the one communication is the final allreduce. With the
+    batch extent symbolic (-1, as the README writes inputs) a reshape only mapped its leading axis,
+    so the heads were allgathered (three more collectives of the activation) and computed in full."""
+    heads, head_dim, hidden = 2 * WORLD, 4, 8
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([batch, hidden])
+        w1 = fd.define_tensor([heads * head_dim, hidden])
+        w2 = fd.define_tensor([hidden, heads * head_dim])
+        h = fd.ops.reshape(fd.ops.linear(x, w1), [batch, heads, head_dim])
+        h = fd.ops.permute(fd.ops.relu(fd.ops.permute(h, [1, 0, 2])), [1, 0, 2])
+        y = fd.ops.linear(fd.ops.reshape(h, [batch, heads * head_dim]), w2)
+        fd.add_output(y)
+        for tv in (x, w1, w2, y):
+            tv.set_device_mesh(MESH)
+        shard(w1, 0)
+        shard(w2, 1)
+    rng = np.random.default_rng(13)
+    xs = rng.standard_normal((6, hidden))
+    w1s, w2s = rng.standard_normal((heads * head_dim, hidden)), rng.standard_normal((hidden, heads * head_dim))
+    (out,) = fd.execute([xs.astype(np.float32), block(w1s.astype(np.float32), 0), block(w2s.astype(np.float32), 1)])
+    assert communications(fd) == ["Allreduce"], fd.host_ir()
+    np.testing.assert_allclose(out, np.maximum(xs @ w1s.T, 0) @ w2s.T, rtol=1e-4, atol=1e-4)

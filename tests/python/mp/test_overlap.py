@@ -160,3 +160,35 @@ def test_a_stream_split_that_pipelines_nothing_raises_on_every_rank(where):
     w_np = np.ones((2 * WORLD, 8), np.float32)
     with pytest.raises(ValueError, match=r"its stream split .* pipelines nothing"):
         fd.execute([shard_tensor(x_np, x, RANK), shard_tensor(w_np, w, RANK)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
+def test_a_row_parallel_linear_with_a_bias_is_pipelined(backend):
+    """linear(h, w, b) row-parallel into rows sharded and stream-split: the bias is added after the
+    reduction, so the split sat on that add and was refused as "pipelining nothing". The reduce-scatter
+    is pipelined now, the bias added to the whole result after the loop."""
+    from meshfuse import FusionDefinition, ParallelType
+    from meshfuse.multidevice import DeviceMesh, shard_tensor
+    mesh = DeviceMesh(range(WORLD))
+    with FusionDefinition(backend_type=backend, number_of_streams=2) as fd:
+        h = fd.define_tensor([8 * WORLD, 2 * WORLD], DataType.Double)
+        w = fd.define_tensor([6, 2 * WORLD], DataType.Double)
+        b = fd.define_tensor([6], DataType.Double)
+        y = fd.ops.linear(h, w, b)
+        fd.add_output(y)
+        for t in (h, w):
+            t.set_device_mesh(mesh)
+            t.outer_split(1, WORLD)
+            t.axis(1).parallelize(ParallelType.mesh_x)
+        b.set_device_mesh(mesh)
+        y.set_device_mesh(mesh)
+        y.outer_split(0, WORLD)
+        y.axis(0).parallelize(ParallelType.mesh_x)
+        y.outer_split(1, 4)  # the 8 local rows in 4 chunks
+        y.axis(1).parallelize(ParallelType.stream)
+    g = np.random.default_rng(5)
+    hn, wn, bn = g.standard_normal((8 * WORLD, 2 * WORLD)), g.standard_normal((6, 2 * WORLD)), g.standard_normal(6)
+    (local,) = fd.execute([shard_tensor(hn, h, RANK), shard_tensor(wn, w, RANK), bn])
+    np.testing.assert_allclose(local, shard_tensor(hn @ wn.T + bn, y, RANK), rtol=1e-12, atol=1e-12)
+    program = fd.host_ir()
+    assert "ForLoop" in program and "ReduceScatter" in program and "add" in program, program

@@ -167,3 +167,17 @@ def test_threads_executing_different_fusions_match_or_raise(backend):
     assert not any(t.is_alive() for t in threads), "an execution hung"
     assert outcomes["wrong"] == [], outcomes["wrong"][:3]
     assert outcomes["matched"] + outcomes["raised"] == 40
+
+
+@pytest.mark.skipif(WORLD < 2, reason="needs two or more ranks")
+def test_a_wrong_dtype_on_one_rank_is_a_type_error_on_every_rank():
+    """The rank that passed float64 raised TypeError, the others ValueError: one except clause could not
+    handle the failure everywhere. Now every rank raises TypeError, the others naming the rank."""
+    fd = _gather_relu()
+    mine = MINE.astype(np.float64) if RANK == WORLD - 1 else MINE
+    with pytest.raises(TypeError, match="expected dtype Float, got Double") as info:
+        fd.execute([mine])
+    if RANK != WORLD - 1:
+        assert f"rank {WORLD - 1} failed its input check" in str(info.value)
+    (out,) = fd.execute([MINE])  # nothing was left pending
+    np.testing.assert_allclose(np.asarray(out), np.maximum(FULL, 0), rtol=1e-6)

@@ -92,6 +92,12 @@ def test_trace_has_every_rank_lane_and_chunk(pattern):
                 assert compute[i]["ts"] + compute[i]["dur"] <= comm[i]["ts"] + ROUNDING_US
                 if i + 1 < CHUNKS:
                     assert compute[i + 1]["ts"] < comm[i]["ts"] + comm[i]["dur"], "in flight during the next matmul"
+        # At most STREAMS chunks in flight, each on its own lane: a lane's events follow one another (the
+        # reduce-scatter loop posted chunk i before waiting for chunk i - STREAMS, on the same lane).
+        for lane in {e["tid"] for e in comm.values()}:
+            on_lane = sorted((e for e in comm.values() if e["tid"] == lane), key=lambda e: e["ts"])
+            for a, b in zip(on_lane, on_lane[1:]):
+                assert a["ts"] + a["dur"] <= b["ts"] + ROUNDING_US, f"lane {lane} of rank {pid}: {a} overlaps {b}"
 
 
 def test_trace_from_the_environment(monkeypatch):
@@ -147,3 +153,27 @@ def test_a_trace_path_rank_0_cannot_write_fails_on_every_rank_before_running():
     with pytest.raises(ValueError, match="cannot write the trace to /tmp: it is a directory"):
         fd.execute([local], trace="/tmp")
     np.testing.assert_array_equal(fd.execute([local])[0][:, 0], np.repeat(np.arange(WORLD), 2))
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_host_trace_keeps_a_stream_loops_chunk_events(pattern):
+    """trace_host=True traced a stream loop as one "stream loop" span: its chunks' communications and
+    matmul launches were gone. They are host-timed events inside that span now."""
+    rows, k, cols = 8 * WORLD, 4 * WORLD, 4 * WORLD
+    p = OverlapProgram(pattern, rows, k, cols, chunks=CHUNKS, backend=CommunicatorBackend.mpi, number_of_streams=STREAMS)
+    x = np.arange(rows * k, dtype=np.float32).reshape(rows, k) / (rows * k)
+    w = np.ones((cols, k), dtype=np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "host.json")
+        p.fd.execute(p.local_inputs(x, w, RANK), trace=path, trace_host=True)
+        if RANK != 0:
+            return
+        events = load_events(path)
+    for pid in range(WORLD):
+        loop = [e for e in events if e.get("ph") == "X" and e["pid"] == pid and e["name"].startswith("stream loop")]
+        assert len(loop) == 1 and loop[0]["cat"] == "host", loop
+        compute, comm = chunk_events(events, pid, "compute"), chunk_events(events, pid, "communication")
+        assert sorted(compute) == sorted(comm) == list(range(CHUNKS)), (compute, comm)
+        begin, end = loop[0]["ts"], loop[0]["ts"] + loop[0]["dur"]
+        for e in list(compute.values()) + list(comm.values()):
+            assert begin - ROUNDING_US <= e["ts"] and e["ts"] + e["dur"] <= end + ROUNDING_US, (e, loop[0])
