@@ -7,13 +7,13 @@
   python3 benchmarks/attention.py --cpu   # one thread, s=2048: meshfuse's flash kernel vs numpy matmul-softmax-matmul
 
 FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x the forward (five products against two).
-Run the CPU part with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset for that command (ENVIRONMENT.md)."""
+Run the CPU part with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset for that command (BENCHMARKS.md, top)."""
 import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
-from timing import best_time, cuda_event_ms, kernel_profile, scoped_env  # noqa: E402 (this directory, first on the path of a script run)
+from timing import best_time, cuda_event_ms, kernel_profile, positive_int, scoped_env  # noqa: E402 (this directory, first on the path of a script run)
 
 
 def flops(b, h, s, d, causal, backward=False):
@@ -173,8 +173,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--cpu", action="store_true")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--iters", type=positive_int, default=20)
+    ap.add_argument("--reps", type=positive_int, default=5)
     ap.add_argument("--cpu-dropout", action="store_true", help="CPU: what dropout costs the attention kernels")
     ap.add_argument("--dropout", type=float, nargs="+", default=[0.0], help="GPU: attention dropout probabilities")
     ap.add_argument("--profile", action="store_true",
@@ -187,6 +187,8 @@ if __name__ == "__main__":
     ap.add_argument("--shapes", nargs="+", default=["1,96,2048", "4,32,4096", "1,32,8192"],
                     help="GPU: b,h,s triples (d = 128)")
     a = ap.parse_args()
+    if not (a.cpu or a.cpu_dropout or a.gpu):  # it printed nothing and exited 0
+        ap.error("say what to run: --cpu, --cpu-dropout and/or --gpu")
     a.shapes = [tuple(int(x) for x in t.split(",")) for t in a.shapes]
     if a.cpu or a.cpu_dropout:
         os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -163,10 +163,19 @@ int main(int argc, char** argv) {
   int64_t max_bytes = int64_t{256} << 20;
   bool others = true;
   for (int a = 1; a < argc; ++a) {
-    if (std::string(argv[a]) == "--mpi-only")
+    const std::string arg = argv[a];
+    char* end = nullptr;
+    const long long mib = std::strtoll(arg.c_str(), &end, 10);
+    if (arg == "--mpi-only") {
       others = false;
-    else
-      max_bytes = std::atoll(argv[a]) << 20;
+    } else if (!arg.empty() && *end == '\0' && mib >= 1 && mib <= (int64_t{1} << 20)) {
+      max_bytes = static_cast<int64_t>(mib) << 20;
+    } else {  // anything else was taken as a size of 0: no output, exit 0
+      if (comm.rank() == 0)
+        std::fprintf(stderr, "usage: mpirun -np N %s [MAX_MIB (a whole number from 1, default 256)] [--mpi-only]\n%s\n",
+                     argv[0], arg == "--help" || arg == "-h" ? "" : ("unknown argument: " + arg).c_str());
+      return arg == "--help" || arg == "-h" ? 0 : 2;
+    }
   }
   auto backendIfBuilt = [&](CommunicatorBackend type) {
     return others && comm.isAvailable(type) ? &comm.backend(type, world) : nullptr;

@@ -6,9 +6,11 @@ its table sits next to that one's gloo column.
 Debian's python3-torch runs only under Debian's own interpreter; ranks come from mpirun's
 environment (or RANK / WORLD_SIZE when set, torchrun style):
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \\
-    mpirun --oversubscribe -np 2 /usr/bin/python3 benchmarks/collectives_torch.py
+    mpirun --oversubscribe -np 2 /usr/bin/python3 benchmarks/collectives_torch.py [--max-mib 64]
+Rows print as they are measured (the whole range takes about 5 minutes on 2 cores; --max-mib 1 under one).
 """
 
+import argparse
 import os
 import statistics
 import time
@@ -58,6 +60,10 @@ def supported(fn):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-mib", type=int, default=64, choices=[1, 4, 16, 64],
+                        help="the largest buffer, in MiB (bench_collectives.cpp takes the same as its argument)")
+    args = parser.parse_args()
     rank, size = rank_and_size()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29561")
@@ -65,9 +71,12 @@ def main():
     torch.set_num_threads(1)  # one core a rank, like the C++ benchmark; the machine may be shared
     ring = (size - 1) / size
 
-    rows = []
+    if rank == 0:
+        print(f"collectives_torch: torch {torch.__version__} gloo, {size} ranks, float32, median of {ROUNDS} rounds "
+              "(slowest rank per round)")
+        print(f"{'size':>10}  {'op':<14}  {'torch_gloo_us':>13}  {'busbw_GB/s':>10}", flush=True)
     nbytes = 1024
-    while nbytes <= 64 << 20:
+    while nbytes <= args.max_mib << 20:
         block = nbytes // 4 // size
         full = torch.ones(block * size, dtype=torch.float32)
         part = torch.ones(block, dtype=torch.float32)
@@ -79,19 +88,15 @@ def main():
         ]
         for name, bus, fn in ops:
             seconds = measure(nbytes, fn) if supported(fn) else None
-            rows.append((nbytes, name, seconds, bus))
+            if rank == 0:
+                label = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+                if seconds is None:
+                    print(f"{label:>10}  {name:<14}  {'n/a':>13}  {'n/a':>10}  (not in this torch's gloo backend)",
+                          flush=True)
+                else:
+                    print(f"{label:>10}  {name:<14}  {seconds * 1e6:13.2f}  {nbytes / seconds * bus / 1e9:10.3f}",
+                          flush=True)
         nbytes *= 4
-
-    if rank == 0:
-        print(f"collectives_torch: torch {torch.__version__} gloo, {size} ranks, float32, median of {ROUNDS} rounds "
-              "(slowest rank per round)")
-        print(f"{'size':>10}  {'op':<14}  {'torch_gloo_us':>13}  {'busbw_GB/s':>10}")
-        for nbytes, name, seconds, bus in rows:
-            label = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
-            if seconds is None:
-                print(f"{label:>10}  {name:<14}  {'n/a':>13}  {'n/a':>10}  (not in this torch's gloo backend)")
-            else:
-                print(f"{label:>10}  {name:<14}  {seconds * 1e6:13.2f}  {nbytes / seconds * bus / 1e9:10.3f}")
     dist.destroy_process_group()
 
 

@@ -6,7 +6,7 @@ execute. On CUDA nothing synchronizes inside the loop: both sides only queue a k
     .venv/bin/python benchmarks/host_overhead.py --transformer [--iters 2000] [--device cuda]
 
 --transformer: the host side of the transformer layer's forward and backward fusions instead (the
-backward's 27 inputs: weights, activations, two bool dropout masks, the attention's 0-dim seed and
+backward's 28 inputs: weights, activations, two bool dropout masks, the attention's 0-dim seed and
 offset), at a tiny size (b=1, s=8, e=64, 2 heads) where its kernels take little: a cached execute
 and, of it, the inputs' checks and DLPack imports, the C++ execute and the host program within it,
 and the outputs' exports (bf16 torch tensors on CUDA, float32 numpy arrays on the CPU).
@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from meshfuse import DataType, FusionDefinition
-from timing import best_time, host_trace_summary
+from timing import best_time, host_trace_summary, positive_int
 
 
 def best_of(fn, iters):
@@ -81,7 +81,7 @@ def transformer_passes(iters, device):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=20000)
+    parser.add_argument("--iters", type=positive_int, default=20000)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--transformer", action="store_true", help="the transformer backward's host side instead")
     args = parser.parse_args()

@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 from meshfuse import DataType, FusionDefinition
-from timing import best_time
+from timing import best_time, positive_int
 
 EPS = 1e-5
 CASES = ("layernorm", "rmsnorm", "softmax", "layernorm_bwd")
@@ -184,15 +184,17 @@ def print_table(results, header):
 
 
 def main():
-    if "cuda" in sys.argv[1:] and "--device" in sys.argv[1:]:  # the GPU table: benchmarks/norms_cuda.py
+    argv = sys.argv[1:]
+    if "--device=cuda" in argv or any(a == "--device" and b == "cuda" for a, b in zip(argv, argv[1:])):
+        # the GPU table: benchmarks/norms_cuda.py (--device cuda and --device=cuda alike)
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import norms_cuda
         return norms_cuda.main([a for a in sys.argv[1:]])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", choices=sorted(DEVICES))
-    p.add_argument("--rows", type=int, default=4096)
-    p.add_argument("--cols", type=int, default=4096)
-    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--rows", type=positive_int, default=4096)
+    p.add_argument("--cols", type=positive_int, default=4096)
+    p.add_argument("--repeat", type=positive_int, default=10)
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     args = p.parse_args()
     results = DEVICES[args.device](args)

@@ -40,6 +40,7 @@ os.environ.setdefault("MESHFUSE_MATMUL_TF32", "1")
 import meshfuse  # noqa: E402
 from meshfuse import CommunicatorBackend, DataType  # noqa: E402
 from meshfuse.multidevice import Communicator, DeviceMesh, shard_tensor  # noqa: E402
+from timing import positive_int  # noqa: E402
 from overlap_patterns import (PATTERNS, OverlapProgram, communication_only, local_linear,  # noqa: E402
                               local_part_of_communication_only)
 
@@ -53,6 +54,8 @@ GPU_NOTE = ("note: cuda/nccl chunks run on asynchronous CUDA streams; ranks shar
 def skip_reason(pattern, backend, device, ranks):
     """Why a (pattern, backend) pair cannot run here, or None."""
     if device != "cuda":
+        if backend in (CommunicatorBackend.nccl, CommunicatorBackend.cuda):
+            return f"the {backend.name} backend carries CUDA tensors only (--device cuda)"
         return None
     if backend == CommunicatorBackend.cuda and pattern == "linear_reduce_scatter":
         return "the cuda backend has no reduce-scatter"
@@ -67,17 +70,17 @@ def skip_reason(pattern, backend, device, ranks):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--sizes", type=int, nargs="+", help="m = k = n (default: 1024 2048 4096 on cpu, "
+    p.add_argument("--sizes", type=positive_int, nargs="+", help="m = k = n (default: 1024 2048 4096 on cpu, "
                    "1024 4096 8192 on cuda)")
-    p.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--chunks", type=positive_int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS))
     p.add_argument("--backends", nargs="+", help="default: every available one of mpi gloo ucc (cpu), cuda nccl ucc mpi (cuda)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="bfloat16 needs torch tensors")
-    p.add_argument("--streams", type=int, default=2, help="number_of_streams: chunks in flight")
+    p.add_argument("--streams", type=positive_int, default=2, help="number_of_streams: chunks in flight")
     p.add_argument("--sm-margins", type=int, nargs="+", default=[0],
                    help="CUDA: multiprocessors each chunk's matmul leaves to the communication "
                         "(HostIrEvaluatorParams.overlap_sm_margin; one table block per value)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--json", help="write the rows as JSON here (rank 0)")
     p.add_argument("--trace-dir", help="also write one Chrome trace per (pattern, backend, size, s > 1) here")
@@ -238,9 +241,10 @@ def main():
     if not backends:
         raise SystemExit(f"none of {[b.name for b in wanted]} is available (available: {[b.name for b in available]})")
     sizes = args.sizes or ([1024, 4096, 8192] if args.device == "cuda" else [1024, 2048, 4096])
-    for size in sizes:
-        if size % (comm.size * max(args.chunks)):
-            raise SystemExit(f"size {size} does not split into {comm.size} ranks x {max(args.chunks)} chunks")
+    for size in sizes:  # every chunk count (the largest alone let 3 through where 8 divides)
+        for chunks in args.chunks:
+            if size % (comm.size * chunks):
+                raise SystemExit(f"size {size} does not split into {comm.size} ranks x {chunks} chunks")
     arrays = Arrays(args.device, args.dtype)
     timer = Timer(arrays, args.repeats, args.warmup)
     if args.trace_dir and comm.rank == 0:
@@ -279,7 +283,7 @@ def main():
                     rows += new
                     if leader:
                         print_rows(new)
-                    if args.json:
+                    if args.json and leader:
                         write_json(args.json, args, comm.size, rows)
 
 

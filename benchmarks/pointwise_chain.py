@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
 from meshfuse import FusionDefinition  # noqa: E402
-from timing import best_time, scoped_env  # noqa: E402
+from timing import best_time, positive_int, scoped_env  # noqa: E402
 
 C, A = math.sqrt(2.0 / math.pi), 0.044715
 
@@ -47,9 +47,9 @@ def define(shape):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", type=int, nargs=2, default=[512, 2048], help="default: the layer's per-rank [s, 4e/d]")
-    ap.add_argument("--calls", type=int, default=20)
-    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--shape", type=positive_int, nargs=2, default=[512, 2048], help="default: the layer's per-rank [s, 4e/d]")
+    ap.add_argument("--calls", type=positive_int, default=20)
+    ap.add_argument("--repeat", type=positive_int, default=7)
     args = ap.parse_args()
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     rng = np.random.default_rng(0)

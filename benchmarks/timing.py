@@ -3,9 +3,22 @@ calls by CUDA events (GPU), a scoped environment variable (the settings meshfuse
 execute), a kernel profile under torch.profiler (GPU), and the reading of a meshfuse trace file
 (its events; a host trace's program, segments and steps)."""
 
+import argparse
 import contextlib
 import os
 import time
+
+
+def positive_int(text):
+    """argparse type of a count that must be at least 1 (0 repeats or iterations used to end in a
+    traceback: an empty min(), a division by zero, a median of nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def best_time(fn, calls=1, repeat=5, warmup=True):

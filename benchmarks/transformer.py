@@ -38,7 +38,8 @@ from meshfuse import CommunicatorBackend, DataType  # noqa: E402
 from meshfuse.models import transformer as tf  # noqa: E402
 from meshfuse.multidevice import Communicator  # noqa: E402
 from meshfuse.torch import TransformerLayer  # noqa: E402
-from timing import best_time, host_device_split, host_trace_summary, kernel_profile, scoped_env, trace_events  # noqa: E402 (this directory, first on the path of a script run)
+from timing import (best_time, host_device_split, host_trace_summary, kernel_profile, positive_int,  # noqa: E402
+                    scoped_env, trace_events)  # (this directory, first on the path of a script run)
 
 
 def layer_flops(cfg, backward):
@@ -494,7 +495,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--iters", type=positive_int, default=5)
     ap.add_argument("--trace-dir", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--attention-dropout", type=float, default=None,
                     help="dropout inside attention, both sides (default: --dropout)")

@@ -200,3 +200,33 @@ def test_cublaslt_bias_gradient_probe_checks_the_epilogue():
     assert len(re.findall(r"^\| (qkv|out-projection|fc1|fc2) \| ", out, re.M)) == 12, out
     errors = floats_after("against float64 column sums", out)
     assert len(errors) <= 1 and all(e < 0.1 for e in errors), out  # bf16 rounds sums of about 5 to within 0.02
+
+
+def run_failing(*args, timeout=60):
+    """(exit status, standard error) of a script expected to refuse its arguments."""
+    path = os.pathsep.join(p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH")) if p)
+    run = subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(os.environ, PYTHONPATH=path),
+                         capture_output=True, text=True, timeout=timeout)
+    return run.returncode, run.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("benchmarks/norms.py", "--repeat", "0"), ("benchmarks/norms.py", "--rows", "0"),
+    ("benchmarks/pointwise_chain.py", "--calls", "0"), ("benchmarks/attention.py", "--cpu", "--reps", "0"),
+    ("benchmarks/host_overhead.py", "--iters", "0"), ("benchmarks/overlap.py", "--repeats", "0")],
+    ids=lambda a: " ".join(a))
+def test_a_count_of_zero_is_an_argument_error(args):
+    """Zero repeats, iterations or rows ended in tracebacks (an empty min(), a division by zero, a median
+    of nothing) after setting up; argparse refuses them now."""
+    status, err = run_failing(*args)
+    assert status == 2 and "must be at least 1, got 0" in err, err[-2000:]
+
+
+def test_benchmark_arguments_that_cannot_run_are_refused_before_running():
+    # overlap.py checked only the largest chunk count against the sizes: 3 chunks of 256 rows failed
+    # after the header, in a traceback.
+    status, err = run_failing("benchmarks/overlap.py", "--sizes", "256", "--chunks", "1", "3", "8")
+    assert status != 0 and "size 256 does not split into 1 ranks x 3 chunks" in err, err[-2000:]
+    # attention.py without a flag printed nothing and exited 0.
+    status, err = run_failing("benchmarks/attention.py")
+    assert status == 2 and "--cpu, --cpu-dropout and/or --gpu" in err, err[-2000:]
