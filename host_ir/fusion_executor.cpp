@@ -54,14 +54,14 @@ void checkMeshesFitWorld(const Fusion& fusion, int64_t world_size) {
   }
 }
 
-// The fusion's version is part of the key: the lowering reads the meshes and shardings, which can
-// still change after an execute (TensorView.set_device_mesh, outer_split, parallelize).
 // Held through each multi-rank execution (fusion_executor.h says why).
 std::mutex& worldExecuteMutex() {
   static std::mutex turn;
   return turn;
 }
 
+// The fusion's version is part of the key: the lowering reads the meshes and shardings, which can
+// still change after an execute (TensorView.set_device_mesh, outer_split, parallelize).
 std::string cacheKey(const InputSignature& sig, const MultiDeviceExecutorParams& params, uint64_t fusion_version) {
   std::ostringstream os;
   os << "v" << fusion_version << "|" << static_cast<int>(params.lower.communicator_backend) << "|"
@@ -184,6 +184,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     try {
       checkSettings();
       checkMeshesFitWorld(*fusion_, comm->size());
+      checkLeavesOnce();
       sig = checkLocalInputs(*fusion_, inputs, rank);
       sig.trace = !trace_path.empty();
       sig.rng_seed = seed_setting.seed;
@@ -199,6 +200,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   } else {
     checkSettings();
     if (multi) checkMeshesFitWorld(*fusion_, comm->size());
+    checkLeavesOnce();
     sig = checkLocalInputs(*fusion_, inputs, rank);
   }
 
@@ -285,6 +287,13 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     outputs.push_back(found == values.tensors.end() ? Tensor() : found->second);
   }
   return outputs;
+}
+
+void FusionExecutorCache::checkLeavesOnce() {
+  // A walk over every operand, and a property of the definition: once per fusion version.
+  if (leaves_checked_version_ == fusion_->version()) return;
+  checkEveryLeafIsBound(*fusion_);
+  leaves_checked_version_ = fusion_->version();
 }
 
 uint64_t FusionExecutorCache::definitionHash(const MultiDeviceExecutorParams& params) {

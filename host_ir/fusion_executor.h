@@ -76,6 +76,8 @@ class FusionExecutorCache {
   // The hash of definitionLines (input_check.h) for this fusion and `params`, recomputed only when
   // the fusion's version or the parameters changed.
   uint64_t definitionHash(const MultiDeviceExecutorParams& params);
+  // checkEveryLeafIsBound (input_check.h), once per fusion version.
+  void checkLeavesOnce();
   std::shared_ptr<Fusion> fusion_;
   std::map<std::string, std::shared_ptr<Program>> programs_;
   std::shared_ptr<Program> last_;
@@ -84,6 +86,7 @@ class FusionExecutorCache {
   std::string definition_key_;
   std::vector<std::string> definition_lines_;
   uint64_t definition_hash_ = 0;
+  uint64_t leaves_checked_version_ = UINT64_MAX;
 };
 
 }  // namespace meshfuse

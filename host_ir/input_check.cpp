@@ -33,29 +33,26 @@ void checkScalarValue(const Val* def, size_t index, double value) {
     throw UserError(label + ", beyond 2**53, which a scalar (a double) cannot hold exactly; pass it in a tensor");
 }
 
-// Every value an expression reads or the fusion returns must be an input, a constant or computed by
-// an expression: a tensor or scalar made with newTensor/newScalar and never added as an input has no
-// value to run with (it failed deep in the executor, as an internal error).
+}  // namespace
+
 void checkEveryLeafIsBound(const Fusion& fusion) {
-  auto check = [&](const Val* v, const std::string& use) {
+  auto check = [&](const Val* v, const Expr* user) {
     if (v->definition() != nullptr || fusion.isInput(v)) return;
     if (!v->isTensor() && static_cast<const Scalar*>(v)->value().has_value()) return;
-    throw UserError(v->name() + " is " + use + " but is neither a fusion input nor computed by an expression" +
+    throw UserError(v->name() + " is " + (user ? "an operand of " + toString(user->op()) : "a fusion output") +
+                    " but is neither a fusion input nor computed by an expression" +
                     (v->isTensor() ? "" : " nor a constant") + " (add_input it)");
   };
   for (const auto& e : fusion.exprs()) {
     // An expr drawing fresh random numbers gets its (seed, offset) pair, its last two operands, from
     // the executor at each run (bindFreshRandomState).
     const size_t bound_here = e->attrs().fresh_rng ? 2 : 0;
-    for (size_t i = 0; i + bound_here < e->inputs().size(); ++i)
-      check(e->input(i), "an operand of " + toString(e->op()));
+    for (size_t i = 0; i + bound_here < e->inputs().size(); ++i) check(e->input(i), e.get());
   }
-  for (const Val* v : fusion.outputs()) check(v, "a fusion output");
+  for (const Val* v : fusion.outputs()) check(v, nullptr);
 }
-}  // namespace
 
 InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument>& inputs, int64_t rank) {
-  checkEveryLeafIsBound(fusion);
   const auto& defs = fusion.inputs();
   if (inputs.size() != defs.size())
     throw UserError("execute: expected " + std::to_string(defs.size()) + " inputs, got " +

@@ -35,6 +35,12 @@ struct InputSignature {
 // each: the fusion (ops, meshes, loop domains), the backend asked for and the stream count.
 std::vector<std::string> definitionLines(const Fusion& fusion, const MultiDeviceExecutorParams& params);
 
+// Every value an expression reads or the fusion returns is an input, a constant or computed by an
+// expression: a tensor or scalar made with newTensor/newScalar and never added as an input has no
+// value to run with (it failed deep in the executor, as an internal error). Throws UserError naming
+// it. A property of the definition: the executor checks it once per fusion version.
+void checkEveryLeafIsBound(const Fusion& fusion);
+
 // Throws UserError naming the tensor and expected vs actual value.
 InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument>& inputs, int64_t rank);
 
