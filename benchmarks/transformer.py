@@ -12,6 +12,10 @@ GPU, one device (the GPT-3 layer, causal, dropout 0.1), against torch eager and 
     python3 benchmarks/transformer.py --device cuda --batch 1 --sequence 2048 --heads 96 --hidden 12288
 With several GPUs (one rank per GPU) the same command under mpirun runs TP over d = world size.
 
+On the CPU both sides are first checked against each other with dropout off (the meshfuse layer in
+evaluation mode, torch's with p = 0): the output and the input's gradient must agree to 1e-3, or the
+benchmark stops before timing anything.
+
 Times are the median of --iters rounds after --warmup, synchronized (a barrier on CPU, the device on
 CUDA). The libraries alternate, each pass called once a round, and each speed-up is the median of the
 rounds' ratios (a shared VM's speed drifts by tens of percent within a run, a GPU's clocks with the
@@ -22,6 +26,7 @@ twice the forward's).
 """
 import argparse
 import contextlib
+import dataclasses
 import os
 import statistics
 import sys
@@ -162,6 +167,39 @@ def timed_pair(fn_a, fn_b, sync, warmup, iters, blocks=False):
     return statistics.median(t["a"]), statistics.median(t["b"]), round_ratio(t["b"], t["a"])
 
 
+def check_against_torch(layer, x, xt, params, cfg, d, rank):
+    """Both sides compute the same layer: with dropout off (the meshfuse layer in evaluation mode,
+    torch's with p = 0), the output and the input's gradient agree to 1e-3 (relative to the largest
+    value), or the benchmark stops before timing anything. Prints the differences on rank 0."""
+    quiet = dataclasses.replace(cfg, dropout_p=0.0, attention_dropout_p=0.0)
+    dy = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(xt.shape)).astype(np.float32))
+    layer.eval()
+    x_mf = x.detach().clone().requires_grad_(True)
+    out_mf = layer(x_mf)
+    out_mf.backward(layer.shard_input(dy.numpy()))
+    layer.train()
+    x_t = xt.detach().clone().requires_grad_(True)
+    t_params = {n: p.detach().clone().requires_grad_(True) for n, p in params.items()}
+    out_t = torch_layer(x_t, t_params, quiet, d)
+    out_t.backward(dy)
+    layer.zero_grad(set_to_none=True)
+
+    def rel(a, b):
+        a, b = a.detach().double(), b.detach().double()
+        return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+    expected_out = layer.shard_input(out_t.detach().numpy())
+    expected_grad = layer.shard_input(x_t.grad.numpy())
+    errors = {"output": rel(out_mf, expected_out), "input gradient": rel(x_mf.grad, expected_grad)}
+    if rank == 0:
+        print("# checked against torch, dropout off: " + ", ".join(f"{k} max rel. diff {v:.1e}" for k, v in
+                                                                   errors.items()), flush=True)
+    bad = {k: v for k, v in errors.items() if not v <= 1e-3}
+    if bad:
+        raise SystemExit(f"rank {rank}: meshfuse and torch disagree ({bad}): the timings would not compare the "
+                         "same work")
+
+
 def run_cpu(args):
     comm = Communicator.instance()
     d, rank = comm.size, comm.rank
@@ -187,6 +225,7 @@ def run_cpu(args):
         comm.barrier() if d > 1 else None
 
     dy = torch.ones(cfg.batch, cfg.sequence, cfg.hidden)
+    check_against_torch(layer, x, xt, params, cfg, d, rank)
     rows = []
     with torch.no_grad():
         rows.append(("forward", *timed_pair(lambda: layer(x), lambda: torch_layer(xt, params, cfg, d), barrier,

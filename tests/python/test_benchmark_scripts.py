@@ -108,6 +108,9 @@ def test_transformer_cpu_one_rank(backend):
             pytest.skip(f"this build has no {backend} backend")
     out = run_script("benchmarks/transformer.py", "--device", "cpu", "--hidden", "64", "--sequence", "32", "--heads",
                      "4", "--iters", "1", "--warmup", "1", "--breakdown", "1", "--host-breakdown", "--backend", backend)
+    # Both sides were checked against each other before any timing (it timed unchecked work before).
+    diffs = [float(v) for v in re.findall(r"max rel\. diff ([0-9.e+-]+)", out)]
+    assert "# checked against torch, dropout off" in out and len(diffs) == 2 and max(diffs) < 1e-4, out
     for row in ("forward ", "forward+backward ", "rank 0 forward ms by segment kind", "rank 0 backward ms",
                 "# GEMM floor:", f"meshfuse backend {backend}", "rank 0 forward host ms launching its segments",
                 "rank 0 backward host ms launching its segments", "rank 0 backward host steps inside the segments"):
