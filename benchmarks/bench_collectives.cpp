@@ -171,10 +171,11 @@ int main(int argc, char** argv) {
     } else if (!arg.empty() && *end == '\0' && mib >= 1 && mib <= (int64_t{1} << 20)) {
       max_bytes = static_cast<int64_t>(mib) << 20;
     } else {  // anything else was taken as a size of 0: no output, exit 0
+      const bool help = arg == "--help" || arg == "-h";
       if (comm.rank() == 0)
         std::fprintf(stderr, "usage: mpirun -np N %s [MAX_MIB (a whole number from 1, default 256)] [--mpi-only]\n%s\n",
-                     argv[0], arg == "--help" || arg == "-h" ? "" : ("unknown argument: " + arg).c_str());
-      return arg == "--help" || arg == "-h" ? 0 : 2;
+                     argv[0], help ? "" : ("unknown argument: " + arg).c_str());
+      return help ? 0 : 2;
     }
   }
   auto backendIfBuilt = [&](CommunicatorBackend type) {

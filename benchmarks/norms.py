@@ -189,7 +189,7 @@ def main():
         # the GPU table: benchmarks/norms_cuda.py (--device cuda and --device=cuda alike)
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import norms_cuda
-        return norms_cuda.main([a for a in sys.argv[1:]])
+        return norms_cuda.main(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", choices=sorted(DEVICES))
     p.add_argument("--rows", type=positive_int, default=4096)

@@ -178,15 +178,14 @@ void HostIrEvaluator::run(ValueMap& values) {
                        0, begin, now());
         break;
       }
-      case Instruction::Kind::StreamForLoop:
-        if (tracer_ && params_.trace_host) {  // a host span around the loop's host-timed chunk events
-          const double begin = now();
-          runStreamLoop(hic_, hic_.loops[ins.index], values, executor_, params_, tracer_);
+      case Instruction::Kind::StreamForLoop: {
+        const double begin = now();
+        runStreamLoop(hic_, hic_.loops[ins.index], values, executor_, params_, tracer_);
+        // Tracing the host: a span around the loop's host-timed chunk events.
+        if (tracer_ && params_.trace_host)
           tracer_->add("stream loop " + std::to_string(ins.index), "host", 0, begin, now());
-        } else {
-          runStreamLoop(hic_, hic_.loops[ins.index], values, executor_, params_, tracer_);
-        }
         break;
+      }
       case Instruction::Kind::PostCommunication:
         if (debug::enabled(debug::Level::Info))
           debug::info(describePostedCommunication(hic_, hic_.communications[ins.index]));

@@ -297,10 +297,8 @@ void FusionExecutorCache::checkLeavesOnce() {
 }
 
 uint64_t FusionExecutorCache::definitionHash(const MultiDeviceExecutorParams& params) {
-  const std::string key = std::to_string(fusion_->version()) + "|" +
-                          std::to_string(static_cast<int>(params.lower.communicator_backend)) + "|" +
-                          std::to_string(params.executor.number_of_streams);
-  if (key != definition_key_ || definition_lines_.empty()) {
+  const DefinitionKey key{fusion_->version(), params.lower.communicator_backend, params.executor.number_of_streams};
+  if (key != definition_key_) {
     definition_lines_ = definitionLines(*fusion_, params);
     uint64_t hash = fingerprintHash("");
     for (const std::string& line : definition_lines_) hash = fingerprintHash(line + "\n", hash);

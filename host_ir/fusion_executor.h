@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -83,7 +85,9 @@ class FusionExecutorCache {
   std::shared_ptr<Program> last_;
   // The definition's lines and hash as the ranks agree on them each execution (input_check.h),
   // kept until the fusion's version or the parameters change.
-  std::string definition_key_;
+  // (fusion version, backend asked for, stream count): what the lines are of; none before the first.
+  using DefinitionKey = std::tuple<uint64_t, CommunicatorBackend, int64_t>;
+  std::optional<DefinitionKey> definition_key_;
   std::vector<std::string> definition_lines_;
   uint64_t definition_hash_ = 0;
   uint64_t leaves_checked_version_ = UINT64_MAX;

@@ -28,9 +28,9 @@ void checkScalarValue(const Val* def, size_t index, double value) {
   if (!isIntegral(def->dtype())) return;
   const std::string label = "execute: input " + std::to_string(index) + " (" + def->name() + ") is an " +
                             toString(def->dtype()) + " scalar; got " + std::to_string(value);
+  if (isExactInteger(value)) return;
   if (!std::isfinite(value) || value != std::trunc(value)) throw UserError(label + ", which is not an integer");
-  if (std::fabs(value) > kExactIntegerLimit)
-    throw UserError(label + ", beyond 2**53, which a scalar (a double) cannot hold exactly; pass it in a tensor");
+  throw UserError(label + ", beyond 2**53, which a scalar (a double) cannot hold exactly; pass it in a tensor");
 }
 
 }  // namespace
@@ -100,16 +100,15 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
     checkHasDeviceMesh(tv);
     // A mesh axis split into other than the mesh's device count: said as such, before the extents (whose
     // expected local values assume the mesh's count and would point at the wrong thing).
+    // (checkHasDeviceMesh above: a mesh-parallel axis has a mesh.)
     for (const LoopAxis& la : tv->loop()) {
+      if (!isMeshParallel(la.parallel)) continue;
+      const int64_t devices = tv->deviceMesh()->size(la.parallel), extent = tv->shape()[la.logical];
       // A whole axis on the mesh, of a known extent that is not the device count: said before the
       // extents too (which expected a block of it, then refused that block).
-      if (tv->hasDeviceMesh() && isMeshParallel(la.parallel) && la.part == LoopAxis::Part::Whole &&
-          tv->shape()[la.logical] >= 0 && tv->shape()[la.logical] != tv->deviceMesh()->size(la.parallel))
-        throw UserError(wholeAxisOnMeshError(tv, la.logical, tv->shape()[la.logical], la.parallel));
-      if (!tv->hasDeviceMesh() || !isMeshParallel(la.parallel) || la.part != LoopAxis::Part::Outer || !la.outer_split)
-        continue;
-      const int64_t devices = tv->deviceMesh()->size(la.parallel);
-      if (la.factor != devices)
+      if (la.part == LoopAxis::Part::Whole && extent >= 0 && extent != devices)
+        throw UserError(wholeAxisOnMeshError(tv, la.logical, extent, la.parallel));
+      if (la.part == LoopAxis::Part::Outer && la.outer_split && la.factor != devices)
         throw UserError(label + " axis " + std::to_string(la.logical) + " is split into " + std::to_string(la.factor) +
                         " parts along " + toString(la.parallel) + " but " + tv->deviceMesh()->toString() + " has " +
                         std::to_string(devices) + " devices there (outer_split(axis, mesh size))");

@@ -123,9 +123,7 @@ void checkChunks(const TensorView* tv, int64_t local_rows, int64_t chunks) {
     throw UserError(tv->name() + ": the stream split into " + std::to_string(chunks) + " chunks does not divide the " +
                     std::to_string(local_rows) + " rows each device holds along axis 0");
 }
-}  // namespace
 
-namespace {
 // A row-parallel linear with a bias is lowered as the reduce-scatter of the product, then the bias
 // added to the scattered rows: a stream split the user put on the linear's result sits on that add
 // (and resharding may carry it to the scattered rows). It pipelines the reduce-scatter all the same;

@@ -43,9 +43,6 @@ int overlapSmMargin(const HostIrEvaluatorParams& params) {
   return env ? std::max(0, std::atoi(env)) : 0;
 }
 
-// Device marks of one chunk: before its first step, between its two steps, after the second (the
-// steps are communication then compute for an allgather loop, compute then communication for a
-// reduce-scatter loop).
 // MESHFUSE_DEBUG=INFO logs every communication as it is posted; a loop's are its chunks, with the
 // bytes the chunk's post sends and receives (a slice of the whole tensors').
 void logChunkPost(const Communication& c, int64_t chunk, int64_t chunks, const Tensor& in, const Tensor& out) {
@@ -54,6 +51,9 @@ void logChunkPost(const Communication& c, int64_t chunk, int64_t chunks, const T
                 " in_bytes=" + std::to_string(in.nbytes()) + " out_bytes=" + std::to_string(out.nbytes()));
 }
 
+// Device marks of one chunk: before its first step, between its two steps, after the second (the
+// steps are communication then compute for an allgather loop, compute then communication for a
+// reduce-scatter loop).
 struct ChunkMarks {
   int start = -1, middle = -1, end = -1;
 };

@@ -244,9 +244,12 @@ TensorView* Fusion::newTensor(DataType dtype, std::vector<int64_t> shape, std::v
   return raw;
 }
 
+bool isExactInteger(double value) {
+  return std::isfinite(value) && value == std::trunc(value) && std::fabs(value) <= kExactIntegerLimit;
+}
+
 Scalar* Fusion::newScalar(DataType dtype, std::optional<double> value) {
-  if (value && isIntegral(dtype) &&
-      (!std::isfinite(*value) || *value != std::trunc(*value) || std::fabs(*value) > kExactIntegerLimit))
+  if (value && isIntegral(dtype) && !isExactInteger(*value))
     throw UserError("constant: an " + meshfuse::toString(dtype) +
                     " constant must be a whole number within 2**53, got " + std::to_string(*value));
   auto s = std::make_unique<Scalar>(this, static_cast<int>(vals_.size()), dtype, value);

@@ -45,6 +45,8 @@ class Val {
 // A scalar: a constant when `value` is set, else an input of the fusion bound at execution.
 // Scalars (constants and scalar inputs) are doubles: integers hold exactly up to 2**53.
 constexpr double kExactIntegerLimit = 9007199254740992.0;
+// Whether `value` is a whole number a double holds exactly: what an Int or Int32 scalar may be.
+bool isExactInteger(double value);
 
 class Scalar : public Val {
  public:

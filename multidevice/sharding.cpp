@@ -1,7 +1,5 @@
 #include "multidevice/sharding.h"
 
-#include <algorithm>
-
 #include "runtime/tensor.h"
 
 namespace meshfuse {
@@ -81,15 +79,14 @@ void checkShardable(const TensorView* tv, const std::vector<int64_t>& shape) {
                       mesh.toString() + " has " + std::to_string(mesh.rank()) + " dimension(s)");
     for (const LoopAxis& la : tv->loop()) {
       if (la.parallel != p) continue;
+      // A whole axis puts one element on each device (partsAlong gives its extent).
+      if (la.part == LoopAxis::Part::Whole && extent != devices)
+        throw UserError(wholeAxisOnMeshError(tv, axis, extent, p));
       if (la.part != LoopAxis::Part::Whole && extent % la.factor != 0)
         throw UserError(tv->name() + " axis " + std::to_string(axis) + " of extent " + std::to_string(extent) +
                         " does not split evenly by " + std::to_string(la.factor));
     }
     int64_t parts = tv->partsAlong(p, extent);
-    const bool whole = std::any_of(tv->loop().begin(), tv->loop().end(), [p](const LoopAxis& la) {
-      return la.parallel == p && la.part == LoopAxis::Part::Whole;
-    });
-    if (whole && parts != devices) throw UserError(wholeAxisOnMeshError(tv, axis, extent, p));
     if (parts != devices)
       throw UserError(tv->name() + " axis " + std::to_string(axis) + " (extent " + std::to_string(extent) +
                       ") is split into " + std::to_string(parts) + " parts along " + toString(p) + " but " +

@@ -43,7 +43,7 @@ class _LayerFunction(torch.autograd.Function):
         forward_fusion, backward_fusion = layer.fusions()  # the training or the evaluation pair
         outs = forward_fusion.execute([_plain(x)] + [_plain(p) for p in params])
         named = dict(zip(_tf.FORWARD_OUTPUTS, outs))
-        ctx.layer, ctx.backward_fusion = layer, backward_fusion
+        ctx.backward_fusion = backward_fusion
         arrays = {"x": x, **dict(zip(_tf.PARAMETERS, params)), **named}
         ctx.saved_names = [n for n in backward_fusion.input_names() if n in arrays]
         ctx.save_for_backward(*[arrays[n] for n in ctx.saved_names])

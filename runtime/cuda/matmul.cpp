@@ -151,13 +151,11 @@ cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int6
 // Builds the plan with the first of `epilogues` the heuristic has algorithms for (none: a plan
 // without candidates). align: A, B, C, bias, aux pointer alignments.
 Plan makePlan(DeviceState& s, const GemmProblem& p, const std::vector<cublasLtEpilogue_t>& epilogues,
-              const int align[5], int64_t aux_ld, int sm_target) {
+              const int align[5], int64_t aux_ld, int sm_target, bool tf32) {
   const cudaDataType_t t = cudaTypeOf(p.dtype);
   const bool dbl = p.dtype == DataType::Double;
   const cublasComputeType_t compute =
-      dbl ? CUBLAS_COMPUTE_64F
-          : (p.dtype == DataType::Float && floatMatmulTf32Setting().load() ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                           : CUBLAS_COMPUTE_32F);
+      dbl ? CUBLAS_COMPUTE_64F : (tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
   Plan plan;
   // Column-major view of the row-major problem: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m). A
   // row-major matrix with row stride ld is a column-major one with leading dimension ld.
@@ -334,18 +332,20 @@ bool gemmWithEpilogue(int device, const GemmProblem& p, const void* a, const voi
                         e.aux ? alignmentOf(e.aux) : 256};
   std::optional<host_span::Scope> lookup_span(std::in_place, "cuBLASLt: plan lookup");
   const std::vector<cublasLtEpilogue_t> epilogues = epiloguesToTry(e);
+  const bool tf32 = p.dtype == DataType::Float && floatMatmulTf32Setting().load();  // plans are per setting
   std::ostringstream key;
   key << static_cast<int>(p.dtype) << ":" << p.m << "," << p.n << "," << p.k << "," << p.batch << "," << p.stride_a
       << "," << p.stride_b << "," << p.stride_c << "," << p.trans_a << p.trans_b << "," << p.lda << "," << p.ldb << ","
       << (e.bias != nullptr) << ",epi" << static_cast<int>(epilogues.front()) << "," << e.aux_ld << "@" << align[0]
       << "," << align[1] << "," << align[2] << "," << align[3] << "," << align[4] << "/sm" << matmulSmCountTarget()
-      << (p.dtype == DataType::Float && floatMatmulTf32Setting().load() ? "/tf32" : "");
+      << (tf32 ? "/tf32" : "");
   // The lock covers the enqueue too: a plan's descriptor carries this call's bias and aux pointers.
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceState& state = stateOf(device);
   auto it = state.plans.find(key.str());
   if (it == state.plans.end())
-    it = state.plans.emplace(key.str(), makePlan(state, p, epilogues, align, e.aux_ld, matmulSmCountTarget())).first;
+    it = state.plans.emplace(key.str(), makePlan(state, p, epilogues, align, e.aux_ld, matmulSmCountTarget(), tf32))
+             .first;
   Plan* plan = &it->second;
   lookup_span.reset();
   if (plan->candidates.empty()) return false;
