@@ -51,6 +51,19 @@ int differingDim(const Sharding& a, const Sharding& b) {
   return -1;
 }
 
+// The mesh parallel types along which a set resolves a Partial value to a replicated one in one
+// allreduce (resharding merges such dims into one set), or empty when the set changes one dim
+// or changes something else.
+std::vector<ParallelType> mergedAllreduceDims(const Sharding& a, const Sharding& b) {
+  std::vector<ParallelType> dims;
+  for (int d = 0; d < kMeshDims; ++d) {
+    if (a.axis[d] == b.axis[d] && a.partial[d] == b.partial[d]) continue;
+    if (!a.partial[d] || b.partial[d] || b.axis[d] >= 0) return {};
+    dims.push_back(meshParallelType(d));
+  }
+  return dims.size() > 1 ? dims : std::vector<ParallelType>{};
+}
+
 ReduceOp partialOp(const TensorView* partial) {
   const Expr* def = partial->definition();
   return def && def->op() == OpType::ReduceMax ? ReduceOp::Max : ReduceOp::Sum;
@@ -115,6 +128,7 @@ bool isMatmul(const Expr* e) { return e->op() == OpType::Matmul || e->op() == Op
 // The mesh dim a same-mesh resharding set changes, or -1.
 int reshardedDim(const Expr* set) {
   if (!isResharding(set) || set->inputTv(0)->deviceMesh() != set->out()->deviceMesh()) return -1;
+  if (!mergedAllreduceDims(shardingOf(set->inputTv(0)), shardingOf(set->out())).empty()) return -1;
   return differingDim(shardingOf(set->inputTv(0)), shardingOf(set->out()));
 }
 
@@ -404,6 +418,20 @@ void HostIrLower::lowerResharding(const Expr* e) {
   };
   if (pm == cm) {
     if (!pm.has(rank)) return;
+    if (const std::vector<ParallelType> dims = mergedAllreduceDims(ps, cs); !dims.empty()) {
+      c.team = pm.team(rank, dims);
+      if (c.team.size() == 1 && !lowering_stream_loop_) {
+        local(Instruction::Kind::LocalCopy, -1, 1, 0);
+        return;
+      }
+      c.op = partialOp(in);
+      c.type = Communication::Type::Allreduce;
+      hic_->communications.push_back(c);
+      hic_->program.push_back(
+          Instruction{Instruction::Kind::PostCommunication, static_cast<int>(hic_->communications.size()) - 1});
+      open_pointwise_ = -1;
+      return;
+    }
     int d = differingDim(ps, cs);
     ParallelType p = meshParallelType(d);
     c.team = pm.team(rank, p);

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -74,6 +75,19 @@ namespace {
 std::atomic<bool> communicator_created{false};
 }  // namespace
 
+namespace {
+// MESHFUSE_ABORT_ON_EXCEPTION (README): 0, false, no or off let a failing rank exit alone.
+bool abortsOnFailure() {
+  const char* v = std::getenv("MESHFUSE_ABORT_ON_EXCEPTION");
+  if (v == nullptr) return true;
+  std::string s(v);
+  s.erase(0, s.find_first_not_of(" \t"));
+  s.erase(s.find_last_not_of(" \t") + 1);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return s != "0" && s != "false" && s != "no" && s != "off";
+}
+}  // namespace
+
 Communicator& Communicator::instance() {
   // Never destroyed: other statics may still use it during exit; the cleanup that matters
   // (backends, communicators, MPI_Finalize) runs from an atexit handler installed at init.
@@ -111,10 +125,16 @@ Communicator::Communicator() {
 
   // Handlers run in reverse order of registration, so this one runs before those registered
   // earlier (e.g. by libraries loaded before us) and after those registered later. A lambda in a
-  // member function may touch private members.
-  std::atexit([] {
+  // member function may touch private members. glibc's on_exit also gives the exit status.
+  static const auto at_exit = [](int status) {
     Communicator& c = instance();
     if (c.broken_) return;  // see markBroken: freeing or finalizing would wait for the missing rank
+    // A rank that exits with a failure status (sys.exit(3), a C++ main returning 1) while the others
+    // may be waiting in a collective for it: MPI_Finalize would wait for them, and they for it,
+    // until MESHFUSE_TIMEOUT. End the job now, as an uncaught Python exception does.
+    if (status != 0 && c.size_ > 1 && !mpi::isFinalized() && abortsOnFailure())
+      c.abort(status, "this rank exits with status " + std::to_string(status) +
+                          "; MESHFUSE_ABORT_ON_EXCEPTION=0 exits this rank alone instead");
     {
       std::lock_guard<std::mutex> lock(c.mutex_);
       c.backends_.clear();  // backends may free MPI objects: before MPI_Finalize
@@ -130,7 +150,12 @@ Communicator::Communicator() {
     }
     if (c.finalize_mpi_ && !finalized) MPI_Finalize();
     c.finalize_mpi_ = false;
-  });
+  };
+#ifdef __GLIBC__
+  on_exit([](int status, void* /*unused*/) { at_exit(status); }, nullptr);
+#else
+  std::atexit([] { at_exit(0); });  // no exit status to read: finalize as on success
+#endif
 }
 
 // Not reached (the instance lives until exit, see instance()); defined because it is declared.

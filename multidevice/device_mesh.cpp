@@ -92,6 +92,19 @@ std::vector<int64_t> DeviceMesh::team(int64_t device, ParallelType p) const {
   return team;
 }
 
+std::vector<int64_t> DeviceMesh::team(int64_t device, const std::vector<ParallelType>& ps) const {
+  if (indexOf(device) < 0) throw UserError("device " + std::to_string(device) + " is not in " + toString());
+  auto spanned = [&](ParallelType p) { return std::find(ps.begin(), ps.end(), p) != ps.end(); };
+  std::vector<int64_t> team;
+  for (int64_t other : devices_) {
+    bool same_elsewhere = true;
+    for (ParallelType p : {ParallelType::MeshX, ParallelType::MeshY, ParallelType::MeshZ})
+      same_elsewhere = same_elsewhere && (spanned(p) || coordinate(other, p) == coordinate(device, p));
+    if (same_elsewhere) team.push_back(other);
+  }
+  return team;
+}
+
 int64_t DeviceMesh::maxDevice() const { return *std::max_element(devices_.begin(), devices_.end()); }
 
 std::string DeviceMesh::toString() const {

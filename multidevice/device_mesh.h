@@ -37,6 +37,9 @@ class DeviceMesh {
   // The devices that differ from `device` only along p's dimension, in coordinate order: the team
   // of a communication along p.
   std::vector<int64_t> team(int64_t device, ParallelType p) const;
+  // The devices that differ from `device` only along the dimensions of `ps`, in mesh order: the
+  // team of one allreduce that resolves a value Partial along several mesh dimensions at once.
+  std::vector<int64_t> team(int64_t device, const std::vector<ParallelType>& ps) const;
   int64_t maxDevice() const;
 
   bool operator==(const DeviceMesh& other) const = default;

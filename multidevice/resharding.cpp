@@ -166,6 +166,20 @@ class ReshardingPass {
   TensorView* reshardSameMesh(TensorView* tv, const Sharding& target) {
     const DeviceMesh mesh = *tv->deviceMesh();
     Sharding cur = shardingOf(tv);
+    // Partial along several mesh dims, wanted replicated along them: one allreduce over the team
+    // those dims span (a sum over both sharded axes of a [dp, tp] mesh), not one per dim.
+    Sharding merged = cur;
+    int resolved_dims = 0;
+    for (int d = 0; d < kMeshDims; ++d) {
+      if (cur.partial[d] && !target.partial[d] && target.axis[d] < 0) {
+        merged.partial[d] = false;
+        ++resolved_dims;
+      }
+    }
+    if (resolved_dims > 1) {
+      tv = emitSet(tv, mesh, merged);
+      cur = merged;
+    }
     for (int guard = 0; !(cur == target) && guard < 3 * kMeshDims; ++guard) {
       int chosen = -1;
       Sharding next;

@@ -5,6 +5,7 @@
 #include "multidevice/communicator.h"
 #include "multidevice/device_mesh.h"
 #include "python/bindings.h"
+#include "runtime/tensor.h"
 
 namespace py = pybind11;
 
@@ -33,10 +34,53 @@ int64_t checkedRank(const Communicator& c, int64_t rank) {
   return rank;
 }
 
-DeviceMesh makeMesh(const py::iterable& devices, const py::object& shape) {
-  std::vector<int64_t> ids = intsOf(devices, "devices");
-  if (shape.is_none()) return DeviceMesh(std::move(ids));
-  return DeviceMesh(std::move(ids), intsOf(shape.cast<py::iterable>(), "shape"));
+bool isIntLike(py::handle h) { return PyLong_Check(h.ptr()) || py::hasattr(h, "__index__"); }
+
+// Nested sequences of device ids (a list of lists, or what .tolist() gives for a numpy array or a
+// torch tensor): their ids in row-major order, and the extents of each nesting level.
+void flattenNested(py::handle items, size_t depth, std::vector<int64_t>& shape, std::vector<int64_t>& ids,
+                   int64_t& leaf_depth) {
+  if (isIntLike(items)) {
+    if (leaf_depth < 0) leaf_depth = static_cast<int64_t>(depth);
+    if (static_cast<int64_t>(depth) != leaf_depth)
+      throw py::value_error("DeviceMesh: devices must be nested evenly (a rectangular array of ids)");
+    ids.push_back(intsOf(py::make_tuple(items), "devices")[0]);
+    return;
+  }
+  if (!py::isinstance<py::sequence>(items) || py::isinstance<py::str>(items))
+    throw py::type_error(std::string("DeviceMesh: devices must be integers, got ") +
+                         std::string(py::str(py::type::of(items).attr("__name__"))));
+  const auto n = static_cast<int64_t>(py::len(items));
+  if (shape.size() <= depth) {
+    if (leaf_depth >= 0)
+      throw py::value_error("DeviceMesh: devices must be nested evenly (a rectangular array of ids)");
+    shape.push_back(n);
+  } else if (shape[depth] != n) {
+    throw py::value_error("DeviceMesh: devices must be nested evenly (rows of " + std::to_string(shape[depth]) +
+                          " and of " + std::to_string(n) + " ids)");
+  }
+  for (py::handle item : items) flattenNested(item, depth + 1, shape, ids, leaf_depth);
+}
+
+// devices: a flat iterable of ids (range, list, 1-D array) with an optional `shape`, or an N-D
+// array of ids (nested lists, numpy array, torch tensor) whose shape is the mesh's, as nvFuser's
+// DeviceMesh(torch.arange(8).view(2, 4)).
+DeviceMesh makeMesh(const py::object& devices, const py::object& shape) {
+  py::object items = py::hasattr(devices, "tolist") ? devices.attr("tolist")() : devices;
+  const bool nested = py::isinstance<py::sequence>(items) && py::len(items) > 0 && !isIntLike(items[py::int_(0)]);
+  if (!nested) {
+    if (isIntLike(items)) throw py::type_error("DeviceMesh: devices must be a sequence of device ids, got one id");
+    std::vector<int64_t> ids = intsOf(items.cast<py::iterable>(), "devices");
+    if (shape.is_none()) return DeviceMesh(std::move(ids));
+    return DeviceMesh(std::move(ids), intsOf(shape.cast<py::iterable>(), "shape"));
+  }
+  std::vector<int64_t> nested_shape, ids;
+  int64_t leaf_depth = -1;
+  flattenNested(items, 0, nested_shape, ids, leaf_depth);
+  if (!shape.is_none() && intsOf(shape.cast<py::iterable>(), "shape") != nested_shape)
+    throw py::value_error("DeviceMesh: shape " + std::string(py::str(shape)) +
+                          " differs from the shape of the nested devices " + shapeToString(nested_shape));
+  return DeviceMesh(std::move(ids), std::move(nested_shape));
 }
 
 }  // namespace
@@ -52,7 +96,8 @@ void bindMultidevice(py::module_& m) {
 
   py::class_<DeviceMesh>(m, "DeviceMesh")
       .def(py::init(&makeMesh), py::arg("devices"), py::arg("shape") = py::none(),
-           "A mesh of device ids (world ranks); `shape` (1 to 3 dims, mesh_x last) defaults to 1-D")
+           "A mesh of device ids (world ranks): a flat sequence with an optional `shape` (1 to 3 dims, mesh_x "
+           "last; 1-D by default), or an N-D array of ids (nested lists, numpy, torch) whose shape is the mesh's")
       .def_property_readonly("size", py::overload_cast<>(&DeviceMesh::size, py::const_))
       .def_property_readonly("devices", &DeviceMesh::devices)
       .def_property_readonly("shape", &DeviceMesh::shape)
@@ -60,13 +105,24 @@ void bindMultidevice(py::module_& m) {
       .def("size_along", py::overload_cast<ParallelType>(&DeviceMesh::size, py::const_), py::arg("parallel_type"),
            "The extent of the mesh dimension the parallel type uses (1 when the mesh has no such dimension)")
       .def("coordinate", &DeviceMesh::coordinate, py::arg("device"), py::arg("parallel_type"))
-      .def("team", &DeviceMesh::team, py::arg("device"), py::arg("parallel_type"))
+      .def("team", py::overload_cast<int64_t, ParallelType>(&DeviceMesh::team, py::const_), py::arg("device"),
+           py::arg("parallel_type"))
       .def("index_of", &DeviceMesh::indexOf, py::arg("device"))
       .def("__contains__", &DeviceMesh::has)
       .def("__len__", py::overload_cast<>(&DeviceMesh::size, py::const_))
       .def(
           "__eq__", [](const DeviceMesh& a, const DeviceMesh& b) { return a == b; }, py::is_operator())
-      .def("__repr__", &DeviceMesh::toString);
+      .def("__hash__",
+           [](const DeviceMesh& m) {
+             return py::hash(py::make_tuple(py::tuple(py::cast(m.devices())), py::tuple(py::cast(m.shape()))));
+           })
+      .def("__repr__", &DeviceMesh::toString)
+      // Pickled as its ids and shape, so that a module holding a mesh (TransformerLayer) saves whole.
+      .def(py::pickle([](const DeviceMesh& m) { return py::make_tuple(m.devices(), m.shape()); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 2) throw py::value_error("DeviceMesh: bad pickled state");
+                        return DeviceMesh(t[0].cast<std::vector<int64_t>>(), t[1].cast<std::vector<int64_t>>());
+                      }));
 
   constexpr auto ref = py::return_value_policy::reference;
   py::class_<Communicator, std::unique_ptr<Communicator, py::nodelete>>(m, "Communicator")

@@ -318,14 +318,22 @@ class _Ops:
     def _axes(axes):
         return [int(axes)] if hasattr(axes, "__index__") else _int_list(axes, "axes")
 
-    def sum(self, x, axes, keepdim=False):
-        return _C.ops.sum(self._tensor(x, "sum"), self._axes(axes), bool(keepdim))
+    @classmethod
+    def _reduced_axes(cls, op, dims, axes):
+        # `dims` is nvFuser's keyword (fd.ops.sum(x, dims=[1])), `axes` this API's first name for it.
+        if (dims is None) == (axes is None):
+            raise TypeError(f"{op}: give the reduced axes once, as dims (or axes), got "
+                            f"{'neither' if dims is None else 'both'}")
+        return cls._axes(dims if axes is None else axes)
 
-    def max(self, x, axes, keepdim=False):
-        return _C.ops.max(self._tensor(x, "max"), self._axes(axes), bool(keepdim))
+    def sum(self, x, dims=None, keepdim=False, *, axes=None):
+        return _C.ops.sum(self._tensor(x, "sum"), self._reduced_axes("sum", dims, axes), bool(keepdim))
 
-    def mean(self, x, axes, keepdim=False):
-        return _C.ops.mean(self._tensor(x, "mean"), self._axes(axes), bool(keepdim))
+    def max(self, x, dims=None, keepdim=False, *, axes=None):
+        return _C.ops.max(self._tensor(x, "max"), self._reduced_axes("max", dims, axes), bool(keepdim))
+
+    def mean(self, x, dims=None, keepdim=False, *, axes=None):
+        return _C.ops.mean(self._tensor(x, "mean"), self._reduced_axes("mean", dims, axes), bool(keepdim))
 
     def broadcast_in_dim(self, x, shape, broadcast_dims):
         """x with its axis i placed at output axis broadcast_dims[i] of `shape` (as nvFuser/XLA)."""

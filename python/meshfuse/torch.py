@@ -112,6 +112,23 @@ class TransformerLayer(torch.nn.Module):
         clone.train(self.training)
         return clone
 
+    # Pickling (torch.save(layer), multiprocessing): the fusions hold C++ objects that do not pickle,
+    # and are rebuilt from the configuration, schedule and mesh on loading, as __deepcopy__ does.
+    _UNPICKLED = ("forward_fusion", "backward_fusion", "_eval_fusions", "last_forward")
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in self._UNPICKLED}
+
+    def __setstate__(self, state):
+        rank = Communicator.instance().rank
+        if state["schedule"] != "none" and state["rank"] != rank:
+            raise ValueError(f"TransformerLayer: this layer holds rank {state['rank']}'s parameter shards and is "
+                             f"being loaded on rank {rank}: load on each rank the layer that rank saved")
+        self.__dict__.update(state)
+        self.forward_fusion, self.backward_fusion = self._make_fusions(self.cfg)
+        self.forward_fusion._ensure_defined()
+        self._eval_fusions, self.last_forward = None, None
+
     @staticmethod
     def initial_parameters(cfg, seed):
         """Global parameters (GPT-2 style: N(0, 0.02) weights, zero biases, unit LayerNorm weights)."""

@@ -266,6 +266,16 @@ def test_device_mesh_errors():
         DeviceMesh(range(3), shape=[2, 2])
     with _raises(TypeError, "devices must be integers", "str"):
         DeviceMesh(["a"])
+    with _raises(ValueError, "nested evenly", "rows of 2 and of 1"):
+        DeviceMesh([[0, 1], [2]])
+    with _raises(ValueError, "nested evenly"):
+        DeviceMesh([[0, 1], 2])
+    with _raises(TypeError, "devices must be integers", "list"):
+        DeviceMesh([0, [1, 2]])
+    with _raises(TypeError, "sequence of device ids", "one id"):
+        DeviceMesh(np.int64(3))
+    with _raises(ValueError, "shape [4] differs", "[2, 2]"):
+        DeviceMesh([[0, 1], [2, 3]], shape=[4])
 
 
 # ---- backends ----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """FusionDefinition's two styles, symbolic shapes, the program cache, per-instance backends,
 threads, introspection, and the multidevice annotations on a world of one process."""
+import pickle
 import socket
 import threading
 
@@ -302,6 +303,22 @@ def test_device_mesh():
     assert grid.team(4, ParallelType.mesh_x) == [3, 4, 5]
     assert DeviceMesh([0, 1]) == DeviceMesh((0, 1)) and DeviceMesh([0, 1]) != DeviceMesh([1, 0])
     assert "DeviceMesh" in repr(grid)
+
+
+def test_device_mesh_from_an_array_of_ids_takes_its_shape():
+    """As nvFuser's DeviceMesh(torch.arange(8).view(2, 4)): nested lists or an N-D array give the mesh
+    its shape (mesh_x along the last dim); meshes pickle, hash and compare by ids and shape."""
+    grid = DeviceMesh(np.arange(6).reshape(2, 3))
+    assert grid == DeviceMesh(range(6), shape=[2, 3]) and grid.shape == [2, 3]
+    assert DeviceMesh([[0, 1], [2, 3]]) == DeviceMesh(np.arange(4), shape=(2, 2))
+    assert DeviceMesh([[[5]]]).shape == [1, 1, 1]
+    transposed = DeviceMesh(np.arange(4).reshape(2, 2).T)          # [[0, 2], [1, 3]]
+    assert transposed.devices == [0, 2, 1, 3] and transposed.team(1, ParallelType.mesh_x) == [1, 3]
+    assert DeviceMesh([[0, 1], [2, 3]], shape=[2, 2]).shape == [2, 2]
+    for mesh in (grid, DeviceMesh(range(3)), DeviceMesh(np.arange(8).reshape(2, 2, 2))):
+        again = pickle.loads(pickle.dumps(mesh))
+        assert again == mesh and again.shape == mesh.shape and hash(again) == hash(mesh)
+    assert len({DeviceMesh([0, 1]), DeviceMesh((0, 1)), DeviceMesh([1, 0])}) == 2
 
 
 def test_split_parallelize_and_loop_axes():

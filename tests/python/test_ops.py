@@ -197,6 +197,20 @@ def test_reduction_axis_as_int(rng):
     _assert_close(out, x.sum(axis=1), np.float64)
 
 
+@pytest.mark.parametrize("name", ["sum", "max", "mean"])
+def test_reduced_axes_by_nvfusers_keyword_dims_or_by_axes(rng, name):
+    """nvFuser writes fd.ops.sum(x, dims=[1]); meshfuse's first keyword, axes, stays; both or neither
+    is a TypeError naming the op."""
+    x = random_array(rng, (3, 4), np.float64)
+    reference = getattr(np, name)(x, axis=1, keepdims=True)
+    for kwargs in ({"dims": [1]}, {"axes": [1]}, {"dims": -1}):
+        (out,) = run_fusion(lambda fd, t: getattr(fd.ops, name)(t, keepdim=True, **kwargs), x)
+        _assert_close(out, reference, np.float64)
+    for kwargs, what in (({}, "neither"), ({"dims": [0], "axes": [0]}, "both")):
+        with pytest.raises(TypeError, match=f"{name}: give the reduced axes once.*{what}"):
+            run_fusion(lambda fd, t: getattr(fd.ops, name)(t, **kwargs), x)
+
+
 @pytest.mark.parametrize("in_shape,out_shape,dims", [
     ((3,), (2, 3), [1]),
     ((3,), (3, 4), [0]),

@@ -148,3 +148,32 @@ def test_deepcopy_gives_an_independent_layer_with_the_same_parameters():
         np.testing.assert_array_equal(twin(x).numpy(), layer(x).numpy())
         twin.fc1_weight.add_(1.0)
     assert not torch.equal(twin.fc1_weight, layer.fc1_weight), "the copy's parameters are its own"
+
+
+def test_torch_save_of_the_whole_layer_loads_a_working_layer(tmp_path):
+    """torch.save(layer) raised (a DeviceMesh and a Fusion did not pickle): the loaded layer has the
+    parameters, mode and gradients' settings, and computes what the saved one does."""
+    layer, x = _layer_and_input()
+    layer.eval()
+    layer.fc2_bias.requires_grad_(False)
+    torch.save(layer, tmp_path / "layer.pt")
+    loaded = torch.load(tmp_path / "layer.pt")
+    assert not loaded.training and not loaded.fc2_bias.requires_grad
+    for name, param in layer.named_parameters():
+        assert torch.equal(param, getattr(loaded, name)), name
+    with torch.no_grad():
+        np.testing.assert_array_equal(loaded(x).numpy(), layer(x).numpy())
+    loaded.train()
+    loaded(x).sum().backward()
+    assert loaded.fc1_weight.grad is not None and layer.fc1_weight.grad is None
+
+
+def test_loading_another_ranks_sharded_layer_is_an_error():
+    """A sharded layer's parameters are one rank's shards: loaded on another rank they would be the
+    wrong blocks, silently; it says to load on each rank what that rank saved."""
+    from meshfuse.torch import TransformerLayer
+    cfg = TransformerConfig(batch=1, sequence=4, heads=2, hidden=8, dtype=DataType.Float)
+    state = TransformerLayer(cfg, schedule="tp").__getstate__()
+    state["rank"] = 1
+    with pytest.raises(ValueError, match="holds rank 1's parameter shards and is being loaded on rank 0"):
+        TransformerLayer.__new__(TransformerLayer).__setstate__(state)

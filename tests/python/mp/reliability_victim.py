@@ -3,6 +3,7 @@ collected by pytest): every rank allgathers a sharded array with FusionDefinitio
 rank 2 (the last rank in a smaller world), which misbehaves as argv[1] says:
   ok     nobody misbehaves (exits 0 after checking the result against numpy)
   raise  raises a Python exception before execute (the others must not wait forever)
+  exit   calls sys.exit(3) before execute (no exception: the exit status is what ends the job)
   hang   stays alive but never executes; with MESHFUSE_ABORT_ON_TIMEOUT=0 the others see
          meshfuse.CommunicationTimeout (a TimeoutError) in Python, print it and exit 4
 Exits 77 (ctest: skipped) when the extension meshfuse._C is not built."""
@@ -38,6 +39,9 @@ with FusionDefinition() as fd:
 full = np.arange(6 * n, dtype=np.float32).reshape(2 * n, 3)
 if rank == victim and mode == "raise":
     raise RuntimeError("the victim raised before execute")
+if rank == victim and mode == "exit":
+    print(f"rank {rank}: sys.exit(3) instead of executing", flush=True)
+    sys.exit(3)
 if rank == victim and mode == "hang":
     print(f"rank {rank}: hanging instead of executing", flush=True)
     time.sleep(600)
