@@ -77,7 +77,7 @@ int64_t firstDifference(const std::vector<uint64_t>& a, uint64_t a_count, const 
 }  // namespace
 
 void checkProgramsAgree(const std::vector<std::string>& lines, const std::vector<int64_t>& team,
-                        std::chrono::milliseconds timeout, const std::string& error) {
+                        std::chrono::milliseconds timeout, const std::string& error, const char* what) {
   Communicator& comm = Communicator::instance();
   std::vector<uint64_t> per_line;  // (hash, length) per line
   uint64_t total = fingerprintHash("");
@@ -140,8 +140,11 @@ void checkProgramsAgree(const std::vector<std::string>& lines, const std::vector
   };
 
   std::ostringstream os;
-  os << "the ranks lowered different programs for this fusion, so none executes (each rank must run the same "
-        "definition, with inputs of the same global shapes and dtypes, and the same parameters): rank";
+  os << (what != nullptr ? what
+                         : "the ranks lowered different programs for this fusion, so none executes (each rank must "
+                           "run the same definition, with inputs of the same global shapes and dtypes, and the same "
+                           "parameters)")
+     << ": rank";
   os << (differing.size() > 1 ? "s " : " ");
   for (size_t i = 0; i < differing.size(); ++i) os << (i ? ", " : "") << team[differing[i]];
   os << " differ" << (differing.size() > 1 ? "" : "s") << " from rank " << team[0] << "; the first difference is line "

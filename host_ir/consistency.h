@@ -27,9 +27,10 @@ std::vector<std::string> programFingerprint(const Fusion& lowered, const InputSi
 // them, of the first line that differs. CommunicationTimeout when a member does not arrive.
 // A member that could not lower its program passes its error instead of lines (`error` not
 // empty): every member then throws a UserError naming the failing ranks and their errors, at
-// once, rather than the others waiting for lines that never come.
+// once, rather than the others waiting for lines that never come. `what` opens the message (null:
+// "the ranks lowered different programs for this fusion, ...").
 void checkProgramsAgree(const std::vector<std::string>& lines, const std::vector<int64_t>& team,
-                        std::chrono::milliseconds timeout, const std::string& error = "");
+                        std::chrono::milliseconds timeout, const std::string& error = "", const char* what = nullptr);
 
 // The executor's call after lowering a new program on `device`: the fingerprint of this rank's
 // `lowered` program, compared over the world (a CommunicationTimeout goes to the timeout policy).

@@ -132,13 +132,18 @@ void advanceRandomOffsetTo(uint64_t agreed) {
   }
 }
 
-void bindFreshRandomState(const Fusion& lowered, ValueMap& values, uint64_t seed) {
+// given_offset >= 0 (HostIrEvaluatorParams::rng_offset): the k-th fresh draw takes given_offset + k,
+// and the process's counter is left alone.
+void bindFreshRandomState(const Fusion& lowered, ValueMap& values, uint64_t seed, int64_t given_offset) {
+  uint64_t k = 0;
   for (const auto& e : lowered.exprs()) {
     if (!e->attrs().fresh_rng) continue;
     // The pair is the expr's last two operands (uniform/normal, sdpfa_fwd).
     const size_t n = e->inputs().size();
     values.scalars[e->input(n - 2)] = static_cast<double>(seed);
-    values.scalars[e->input(n - 1)] = static_cast<double>(nextRandomOffset().fetch_add(1));
+    const uint64_t offset =
+        given_offset >= 0 ? static_cast<uint64_t>(given_offset) + k++ : nextRandomOffset().fetch_add(1);
+    values.scalars[e->input(n - 1)] = static_cast<double>(offset);
   }
 }
 
@@ -172,6 +177,9 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   auto checkSettings = [&] {
     if (!timeout_setting.error.empty()) throw UserError(timeout_setting.error);
     if (!seed_setting.error.empty()) throw UserError(seed_setting.error);
+    if (params.executor.rng_offset < -1 || params.executor.rng_offset >= (int64_t{1} << 53))
+      throw UserError("execute: rng_offset must be in [0, 2**53) (or -1: the process's counter), got " +
+                      std::to_string(params.executor.rng_offset));
     if (!trace_path.empty() && rank == 0) checkTraceWritable(trace_path);  // rank 0 writes it
   };
 
@@ -189,6 +197,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
       sig.trace = !trace_path.empty();
       sig.rng_seed = seed_setting.seed;
       sig.rng_offset = nextRandomOffset().load();
+      sig.given_rng_offset = params.executor.rng_offset;
       sig.definition = definitionHash(params);
     } catch (const UserError& e) {
       error = e.what();
@@ -202,6 +211,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     if (multi) checkMeshesFitWorld(*fusion_, comm->size());
     checkLeavesOnce();
     sig = checkLocalInputs(*fusion_, inputs, rank);
+    sig.given_rng_offset = params.executor.rng_offset;
   }
 
   std::string key = cacheKey(sig, params, fusion_->version());
@@ -267,7 +277,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
     else if (sig.present[i] && std::holds_alternative<Tensor>(inputs[i]))
       values.tensors[v] = std::get<Tensor>(inputs[i]);
   }
-  bindFreshRandomState(lowered, values, seed_setting.seed);
+  bindFreshRandomState(lowered, values, seed_setting.seed, sig.given_rng_offset);
   HostIrEvaluatorParams eval_params = params.executor;
   eval_params.timeout = timeout;
   program.hic->number_of_streams = eval_params.number_of_streams;

@@ -36,6 +36,12 @@ struct HostIrEvaluatorParams {
   // the host's time to launch each segment, nothing synchronized, so the trace shows where a pass
   // whose GPU waits on its host spends the host's time (category "host"; stream loops as one span).
   bool trace_host = false;
+  // >= 0: the Philox offset of this execution's first fresh random draw (uniform/normal/dropout
+  // without an rng_seed; the k-th draws at rng_offset + k) instead of the process's counter, so that
+  // a recomputation draws the same masks (activation checkpointing: meshfuse.torch takes it from
+  // torch's generator, whose state checkpoint restores). The ranks agree on the largest they pass
+  // (each passes one, or none does). Below 2**53. -1: the counter.
+  int64_t rng_offset = -1;
 };
 
 struct MultiDeviceExecutorParams {

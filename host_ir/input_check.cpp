@@ -140,8 +140,10 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
 }
 
 namespace {
-// Wire format: [status, device, trace, seed, offset, n, then per input: present, rank, extents..., the
-// scalar's bits] as int64, then the message.
+std::string offsetText(int64_t given) { return given < 0 ? std::string("none") : std::to_string(given); }
+
+// Wire format: [status, device, trace, seed, offset, given offset, definition, n, then per input: present, rank,
+// extents..., the scalar's bits] as int64, then the message.
 std::string encode(const InputSignature* sig, const std::string& error) {
   std::vector<int64_t> words;
   words.push_back(sig ? 0 : 1);
@@ -150,6 +152,7 @@ std::string encode(const InputSignature* sig, const std::string& error) {
     words.push_back(sig->trace ? 1 : 0);
     words.push_back(static_cast<int64_t>(sig->rng_seed));
     words.push_back(static_cast<int64_t>(sig->rng_offset));
+    words.push_back(sig->given_rng_offset);
     words.push_back(static_cast<int64_t>(sig->definition));
     words.push_back(static_cast<int64_t>(sig->present.size()));
     for (size_t i = 0; i < sig->present.size(); ++i) {
@@ -190,6 +193,7 @@ Decoded decode(const std::string& blob) {
   d.sig.trace = words[pos++] != 0;
   d.sig.rng_seed = static_cast<uint64_t>(words[pos++]);
   d.sig.rng_offset = static_cast<uint64_t>(words[pos++]);
+  d.sig.given_rng_offset = words[pos++];
   d.sig.definition = static_cast<uint64_t>(words[pos++]);
   int64_t count = words[pos++];
   for (int64_t i = 0; i < count; ++i) {
@@ -254,9 +258,10 @@ InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, c
     if (decoded[r].sig.definition == decoded[0].sig.definition) continue;
     const std::string what =
         "execute: the ranks called execute on different fusions (or on one with different parameters) at "
-        "the same step; every rank must execute the same definitions in the same order, one at a time. ";
+        "the same step; every rank must execute the same definitions in the same order, one at a time, so none "
+        "executes. ";
     try {
-      checkProgramsAgree(definition_lines, world, timeout);
+      checkProgramsAgree(definition_lines, world, timeout, "", "Their definitions differ (constants included)");
     } catch (const UserError& e) {
       throw UserError(what + e.what());
     }
@@ -274,7 +279,16 @@ InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, c
       throw UserError("execute: ranks disagree on MESHFUSE_SEED (" + seedText(decoded[0].sig.rng_seed) +
                       " on rank 0, " + seedText(s.rng_seed) + " on rank " + std::to_string(r) +
                       "): random tensors would differ between ranks; set the same seed on every rank");
+    if ((s.given_rng_offset < 0) != (decoded[0].sig.given_rng_offset < 0))
+      throw UserError("execute: rank " + std::to_string(decoded[0].sig.given_rng_offset < 0 ? r : 0) +
+                      " passes an rng_offset (" +
+                      offsetText(std::max(s.given_rng_offset, decoded[0].sig.given_rng_offset)) + ") and rank " +
+                      std::to_string(decoded[0].sig.given_rng_offset < 0 ? 0 : r) +
+                      " does not: random tensors would differ between ranks; pass one on every rank or on none");
     merged.rng_offset = std::max(merged.rng_offset, s.rng_offset);
+    // The largest, as for the counter: ranks whose generators differ (torch seeded per rank) still draw
+    // one mask, and a recomputation, each rank's generator restored, agrees on the same one again.
+    merged.given_rng_offset = std::max(merged.given_rng_offset, s.given_rng_offset);
   }
   const auto& defs = fusion.inputs();
   for (size_t i = 0; i < defs.size(); ++i) {

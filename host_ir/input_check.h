@@ -23,9 +23,10 @@ struct InputSignature {
   DeviceType device = DeviceType::CPU;
   int device_index = 0;
   // Not inputs, but what every rank must share for the execution to be one program (agreed with them):
-  bool trace = false;       // a trace was asked for (its file is gathered from every rank)
-  uint64_t rng_seed = 0;    // MESHFUSE_SEED
-  uint64_t rng_offset = 0;  // the next fresh Philox offset; agreement makes it the largest of the ranks'
+  bool trace = false;             // a trace was asked for (its file is gathered from every rank)
+  uint64_t rng_seed = 0;          // MESHFUSE_SEED
+  uint64_t rng_offset = 0;        // the next fresh Philox offset; agreement makes it the largest of the ranks'
+  int64_t given_rng_offset = -1;  // HostIrEvaluatorParams::rng_offset; agreement takes the largest
   // A hash of what this rank is about to run (definitionLines): a rank executing another fusion, or
   // the same with other parameters, would run its cached program against the others' collectives.
   uint64_t definition = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <unordered_set>
 
@@ -202,6 +203,15 @@ TensorView* Expr::inputTv(size_t i) const {
 }
 
 namespace {
+// A constant with its value to the last bit (%.17g): the text of a definition is what ranks compare
+// to agree they run one program, and constants that differ in a later digit (2 against 2.0000001,
+// a dropout probability) are different programs.
+std::string constantToString(const Scalar* s) {
+  char value[40];
+  std::snprintf(value, sizeof value, "%.17g", *s->value());
+  return s->name() + "=" + value;
+}
+
 std::string valToString(const Val* v) {
   if (v->isTensor()) {
     auto* tv = static_cast<const TensorView*>(v);
@@ -212,11 +222,7 @@ std::string valToString(const Val* v) {
     return s;
   }
   auto* s = static_cast<const Scalar*>(v);
-  if (s->isConstant()) {
-    std::ostringstream os;
-    os << s->name() << "=" << *s->value();
-    return os.str();
-  }
+  if (s->isConstant()) return constantToString(s);
   return s->name() + "_" + toString(s->dtype());
 }
 }  // namespace
@@ -225,7 +231,11 @@ std::string Expr::toString() const {
   std::ostringstream os;
   for (size_t i = 0; i < outputs_.size(); ++i) os << (i ? ", " : "") << valToString(outputs_[i]);
   os << " = " << meshfuse::toString(op_) << "(";
-  for (size_t i = 0; i < inputs_.size(); ++i) os << (i ? ", " : "") << inputs_[i]->name();
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const Val* in = inputs_[i];
+    const bool constant = !in->isTensor() && static_cast<const Scalar*>(in)->isConstant();
+    os << (i ? ", " : "") << (constant ? constantToString(static_cast<const Scalar*>(in)) : in->name());
+  }
   if (!attrs_.axes.empty()) os << ", axes=" << shapeToString(attrs_.axes);
   if (!attrs_.shape.empty()) os << ", shape=" << shapeToString(attrs_.shape);
   if (!attrs_.strides.empty()) os << ", strides=" << shapeToString(attrs_.strides);

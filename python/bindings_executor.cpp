@@ -56,7 +56,8 @@ void bindExecutor(py::module_& m) {
       .def_readwrite("overlap_sm_margin", &HostIrEvaluatorParams::overlap_sm_margin)
       .def_readwrite("timeout", &HostIrEvaluatorParams::timeout, "A datetime.timedelta (or float seconds)")
       .def_readwrite("trace_path", &HostIrEvaluatorParams::trace_path)
-      .def_readwrite("trace_host", &HostIrEvaluatorParams::trace_host);
+      .def_readwrite("trace_host", &HostIrEvaluatorParams::trace_host)
+      .def_readwrite("rng_offset", &HostIrEvaluatorParams::rng_offset);
 
   py::class_<MultiDeviceExecutorParams>(m, "MultiDeviceExecutorParams")
       .def(py::init<>())

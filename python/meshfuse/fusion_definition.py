@@ -497,21 +497,26 @@ class FusionDefinition:
         return self._params.executor.number_of_streams
 
     # ---- running ------------------------------------------------------------------------------
-    def execute(self, inputs, *, trace=None, trace_host=False):
+    def execute(self, inputs, *, trace=None, trace_host=False, rng_offset=None):
         """Runs on this rank's inputs (numpy arrays, torch tensors, numbers; None for a tensor whose
         mesh excludes this rank). Returns one output per add_output: numpy arrays for numpy inputs,
         torch tensors when any input is a torch tensor, None where an output is not on this rank.
         trace: a path to write a Chrome trace of this execution to. Its segment spans are device
         time (each segment synchronized); with trace_host=True they are the host's time to launch
         each one instead, nothing synchronized (category "host", and a "host program" span around
-        them): where a pass whose GPU waits on its host spends the host's time."""
+        them): where a pass whose GPU waits on its host spends the host's time.
+        rng_offset: an integer in [0, 2**53) pinning the random draws that have no rng_seed of their
+        own (uniform, normal, sdpfa_fwd's dropout; the k-th draws at rng_offset + k): the same offset
+        draws the same values again (a recomputation). Every rank passes one (the largest is used) or
+        none does. Default: the process's counter, which gives every execution fresh draws."""
         self._ensure_defined()
         with self._lock:
             if not self._fusion.outputs():
                 raise ValueError("execute: the FusionDefinition has no outputs (call add_output)")
             params = self._params
-            if trace is not None:
+            if trace is not None or rng_offset is not None:
                 params = _C.MultiDeviceExecutorParams(self._params)
+            if trace is not None:
                 params.executor.trace_path = str(trace)
                 params.executor.trace_host = bool(trace_host)
             elif trace_host:
@@ -519,6 +524,8 @@ class FusionDefinition:
             if self._cache is None:
                 self._cache = _C.FusionExecutorCache(self._fusion)
             try:
+                if rng_offset is not None:
+                    params.executor.rng_offset = self._checked_rng_offset(rng_offset)
                 args, torch_out = self._arguments(inputs)
             except (TypeError, ValueError) as error:
                 self._fail_other_ranks(error, params)
@@ -661,6 +668,14 @@ class FusionDefinition:
         if message.startswith(v.name):
             return f"{v.name} ({where}){message[len(v.name):]}"
         return f"{v.name} ({where}): {message}"
+
+    @staticmethod
+    def _checked_rng_offset(rng_offset):
+        if isinstance(rng_offset, bool) or not hasattr(rng_offset, "__index__"):
+            raise TypeError(f"execute: rng_offset must be an integer, got {type(rng_offset).__name__}")
+        if not 0 <= int(rng_offset) < 2 ** 53:
+            raise ValueError(f"execute: rng_offset must be in [0, 2**53), got {int(rng_offset)}")
+        return int(rng_offset)
 
     def _fail_other_ranks(self, error, params):
         """The other ranks wait in execute() for this rank's inputs: tell them this rank's were bad, so

@@ -41,7 +41,12 @@ class _LayerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, layer, x, *params):
         forward_fusion, backward_fusion = layer.fusions()  # the training or the evaluation pair
-        outs = forward_fusion.execute([_plain(x)] + [_plain(p) for p in params])
+        # The dropout masks' Philox offset from torch's (CPU) generator, as nvFuser takes torch's: a
+        # recomputation under torch.utils.checkpoint, which restores that generator's state, drops the
+        # same elements as the forward it replays (meshfuse's own counter would draw new masks, and
+        # the gradients would be those of another forward). Ranks agree on the largest offset.
+        rng_offset = int(torch.randint(0, 2 ** 52, (1,)).item()) if layer.training else None
+        outs = forward_fusion.execute([_plain(x)] + [_plain(p) for p in params], rng_offset=rng_offset)
         named = dict(zip(_tf.FORWARD_OUTPUTS, outs))
         ctx.backward_fusion = backward_fusion
         arrays = {"x": x, **dict(zip(_tf.PARAMETERS, params)), **named}
@@ -74,6 +79,12 @@ class TransformerLayer(torch.nn.Module):
         comm = Communicator.instance()
         self.cfg, self.schedule, self.rank, self.backend = cfg, schedule, comm.rank, backend
         self.mesh = mesh if mesh is not None or schedule == "none" else _tf.mesh_for(schedule, comm.size)
+        # Every rank holds shards of the parameters: a mesh without some ranks (a script written for
+        # another world size) left those without parameters (a TypeError deep in numpy) and the others
+        # waiting for them in the first collective.
+        if self.mesh is not None and sorted(self.mesh.devices) != list(range(comm.size)):
+            raise ValueError(f"TransformerLayer: the mesh {self.mesh!r} must hold every rank of the world "
+                             f"(0..{comm.size - 1}), once: mesh_for(schedule, world_size) gives one")
         self.forward_fusion, self.backward_fusion = self._make_fusions(cfg)
         self._eval_fusions = None
         self.forward_fusion._ensure_defined()
@@ -144,8 +155,12 @@ class TransformerLayer(torch.nn.Module):
         return params
 
     def shard_input(self, x):
-        """This rank's shard of a global input [b, s, e] under the schedule."""
-        return torch.as_tensor(np.ascontiguousarray(shard_tensor(x, self.forward_fusion.tensors["x"], self.rank)))
+        """This rank's shard of a global input [b, s, e] (a torch tensor or numpy array) under the
+        schedule, a torch tensor in the layer's dtype; a torch input's autograd history carries over."""
+        if not isinstance(x, torch.Tensor):
+            x = torch.from_numpy(np.ascontiguousarray(x))
+        dtype = _TORCH_DTYPE[self.cfg.dtype.name]
+        return shard_tensor(x, self.forward_fusion.tensors["x"], self.rank).to(dtype)
 
     def forward(self, x):
         if not isinstance(x, torch.Tensor):  # else an AttributeError from deep inside autograd

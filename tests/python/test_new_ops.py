@@ -309,6 +309,25 @@ def test_unseeded_draws_differ_per_execution(name):
     assert np.mean(c == a) < 0.05 and np.mean(c == b) < 0.05
 
 
+@pytest.mark.parametrize("name", ["uniform", "normal"])
+def test_an_rng_offset_given_to_execute_draws_the_same_numbers_again(name):
+    """execute(rng_offset=k) pins the unseeded draws (a recomputation replays them): the k-th draw is the
+    one an explicit rng_offset=k would give with the default seed; without it, draws are fresh again."""
+    with FusionDefinition() as fd:
+        fd.add_output(getattr(fd.ops, name)(0.0, 1.0, [64], DataType.Float))
+        fd.add_output(getattr(fd.ops, name)(0.0, 1.0, [64], DataType.Float))
+    first, second = fd.execute([], rng_offset=12345)
+    for a, b in zip(fd.execute([], rng_offset=12345), (first, second)):
+        np.testing.assert_array_equal(a, b)
+    seeded = random_fd(name, 0.0, 1.0, [64], DataType.Float, 0x6d657368, 12346).execute([])[0]
+    np.testing.assert_array_equal(second, seeded)       # the second draw at offset + 1
+    assert np.mean(fd.execute([], rng_offset=12346)[0] == first) < 0.05
+    assert np.mean(fd.execute([])[0] == first) < 0.05
+    for bad, error in ((1.5, TypeError), (True, TypeError), (-1, ValueError), (2 ** 53, ValueError)):
+        with pytest.raises(error, match="rng_offset"):
+            fd.execute([], rng_offset=bad)
+
+
 def test_seed_and_offset_as_scalar_inputs():
     with FusionDefinition() as fd:
         if not hasattr(fd, "define_scalar"):

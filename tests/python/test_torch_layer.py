@@ -177,3 +177,51 @@ def test_loading_another_ranks_sharded_layer_is_an_error():
     state["rank"] = 1
     with pytest.raises(ValueError, match="holds rank 1's parameter shards and is being loaded on rank 0"):
         TransformerLayer.__new__(TransformerLayer).__setstate__(state)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_activation_checkpointing_replays_the_forwards_dropout_masks(use_reentrant):
+    """Under torch.utils.checkpoint the layer runs its forward again in the backward: it drew new
+    dropout masks (meshfuse's own counter), so the gradients were those of another forward (0.5
+    relative error). The masks' offset comes from torch's generator, which checkpoint restores: the
+    checkpointed step equals the plain one, masks, output and gradients."""
+    import torch.utils.checkpoint as checkpoint
+    layer, x = _layer_and_input()
+    results = []
+    for wrap in (lambda f, t: f(t), lambda f, t: checkpoint.checkpoint(f, t, use_reentrant=use_reentrant)):
+        torch.manual_seed(7)
+        x.grad = None
+        layer.zero_grad()
+        y = wrap(layer, x)
+        y.sum().backward()
+        results.append((y.detach().clone(), x.grad.clone(), layer.fc1_weight.grad.clone(),
+                        layer.last_forward["mlp_dropout_mask"].clone()))
+    for plain, checkpointed in zip(*results):
+        assert torch.equal(plain, checkpointed)
+    assert 0 < results[0][3].float().mean() < 1, "the masks drop something"
+
+
+def test_shard_input_gives_the_layers_dtype_and_keeps_autograd():
+    """shard_input went through numpy: a bf16 tensor raised (numpy has no bf16) and so did a tensor that
+    requires grad."""
+    from meshfuse.torch import TransformerLayer
+    cfg = TransformerConfig(batch=2, sequence=8, heads=2, hidden=8, dtype=DataType.BFloat16)
+    layer = TransformerLayer(cfg)
+    x = torch.randn(2, 8, 8, dtype=torch.bfloat16, requires_grad=True)
+    local = layer.shard_input(x)
+    assert local.dtype == torch.bfloat16 and torch.equal(local, x)
+    local.float().sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, torch.ones_like(x))
+    assert layer.shard_input(np.ones((2, 8, 8))).dtype == torch.bfloat16
+
+
+def test_a_mesh_without_every_rank_or_of_the_wrong_rank_is_a_clear_error():
+    from meshfuse.multidevice import DeviceMesh
+    from meshfuse.torch import TransformerLayer
+    cfg = TransformerConfig(batch=2, sequence=8, heads=2, hidden=8, dtype=DataType.Float)
+    with pytest.raises(ValueError, match=r"must hold every rank of the world \(0..0\)"):
+        TransformerLayer(cfg, "tp", mesh=DeviceMesh([0, 1]))
+    with pytest.raises(ValueError, match="schedule 'tp' runs on a 1-D mesh"):
+        TransformerLayer(cfg, "tp", mesh=DeviceMesh([[0]]))
+    with pytest.raises(ValueError, match="schedule 'dp_tp' runs on a 2-D mesh"):
+        TransformerLayer(cfg, "dp_tp", mesh=DeviceMesh([0]))

@@ -303,6 +303,11 @@ def _check_schedule_and_mesh(schedule, mesh):
                          f"it runs on")
     if mesh is not None and not isinstance(mesh, DeviceMesh):
         raise TypeError(f"mesh must be a DeviceMesh or None, got {type(mesh).__name__}")
+    # tp/sp on a [dp, tp] mesh shard along mesh_x only: every dp row computed the same whole batch.
+    wanted = 2 if schedule == "dp_tp" else 1
+    if mesh is not None and schedule != "none" and mesh.ndim != wanted:
+        raise ValueError(f"schedule {schedule!r} runs on a {wanted}-D mesh, got {mesh!r} ({mesh.ndim}-D): "
+                         f"mesh_for({schedule!r}, world_size) gives the one it runs on")
 
 
 def mesh_for(schedule, world_size, dp=None):

@@ -189,6 +189,25 @@ def test_ranks_with_different_seeds_raise_on_every_rank(monkeypatch):
     assert np.all(rows == rows[0]), rows
 
 
+def test_ranks_giving_different_rng_offsets_agree_on_the_largest():
+    """execute(rng_offset=...) from generators seeded per rank (torch.manual_seed(rank)): the ranks draw
+    one replicated tensor, the one of the largest offset; a rank giving none among ranks giving one
+    raises on every rank."""
+    def draw(offset):
+        with FusionDefinition() as fd:
+            x = fd.define_tensor([16])
+            fd.add_output(fd.ops.add(x, fd.ops.uniform(0.0, 1.0, [16])))
+            x.set_device_mesh(MESH)
+        return fd.execute([np.zeros(16, np.float32)], rng_offset=offset)[0]
+    rows = _rows_from_every_rank(draw(1000 + RANK))
+    assert np.all(rows == rows[0]), rows
+    with FusionDefinition() as alone:
+        alone.add_output(alone.ops.uniform(0.0, 1.0, [16]))
+    np.testing.assert_array_equal(rows[0], alone.execute([], rng_offset=1000 + WORLD - 1)[0])
+    with pytest.raises(ValueError, match="passes an rng_offset .* does not"):
+        draw(7 if RANK == 0 else None)
+
+
 def test_a_scalar_input_that_differs_between_ranks_raises_on_every_rank():
     """A scalar input is one value for the whole program: ranks passing different ones each computed a
     different replicated result, silently."""

@@ -65,11 +65,29 @@ def test_different_definitions_raise_on_every_rank_then_the_world_recovers():
     with pytest.raises(ValueError) as info:
         fd.execute([MINE])
     message = str(info.value)
-    assert "lowered different programs" in message
+    assert "Their definitions differ" in message
     assert f"rank {last} differs from rank 0" in message
     assert "the first difference is line" in message
     (out,) = _gather_relu().execute([MINE])  # nothing was left pending
     np.testing.assert_allclose(np.asarray(out), np.maximum(FULL, 0), rtol=1e-6)
+
+
+@pytest.mark.skipif(WORLD < 2, reason="needs two or more ranks")
+def test_definitions_that_differ_only_in_a_constant_raise_on_every_rank():
+    """The definition's text named a constant without its value (mul(T2, S3)), so ranks scaling by 2
+    and by 2.0000001 (a dropout probability, an eps) agreed and returned different 'replicated'
+    outputs. The constants' values (to the last bit) are part of the definition now."""
+    factor = 2.0 if RANK == 0 else np.nextafter(2.0, 3.0)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(shape=[2 * WORLD, 3], dtype=DataType.Float)
+        y = fd.ops.mul(fd.ops.sum(x, [0]), factor)
+        fd.add_output(y)
+        x.set_device_mesh(DeviceMesh(range(WORLD)))
+        x.outer_split(0, WORLD)
+        x.axis(0).parallelize(ParallelType.mesh_x)
+    with pytest.raises(ValueError, match="Their definitions differ") as info:
+        fd.execute([MINE])
+    assert "=2)'" in str(info.value) and "=2.0000000000000004)'" in str(info.value), str(info.value)
 
 
 @pytest.mark.skipif(WORLD < 2, reason="needs two or more ranks")
