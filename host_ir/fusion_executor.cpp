@@ -16,6 +16,7 @@
 #include "multidevice/debug_log.h"
 #include "multidevice/resharding.h"
 #include "multidevice/timeout_env.h"
+#include "runtime/element.h"
 #include "runtime/segment.h"
 
 namespace meshfuse {
@@ -273,7 +274,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   for (size_t i = 0; i < lowered.inputs().size(); ++i) {
     const Val* v = lowered.inputs()[i];
     if (!v->isTensor())
-      values.scalars[v] = std::get<double>(inputs[i]);
+      values.scalars[v] = representedAs(v->dtype(), std::get<double>(inputs[i]));  // a Half input of 0.1 is Half's
     else if (sig.present[i] && std::holds_alternative<Tensor>(inputs[i]))
       values.tensors[v] = std::get<Tensor>(inputs[i]);
   }

@@ -27,9 +27,10 @@ std::string shardNote(const TensorView* tv, int axis) {
 void checkScalarValue(const Val* def, size_t index, double value) {
   if (!isIntegral(def->dtype())) return;
   const std::string label = "execute: input " + std::to_string(index) + " (" + def->name() + ") is an " +
-                            toString(def->dtype()) + " scalar; got " + std::to_string(value);
-  if (isExactInteger(value)) return;
+                            toString(def->dtype()) + " scalar; got " + exactText(value);
+  if (isExactInteger(value) && (def->dtype() != DataType::Int32 || fitsInt32(value))) return;
   if (!std::isfinite(value) || value != std::trunc(value)) throw UserError(label + ", which is not an integer");
+  if (def->dtype() == DataType::Int32) throw UserError(label + ", beyond Int32's range [-2**31, 2**31)");
   throw UserError(label + ", beyond 2**53, which a scalar (a double) cannot hold exactly; pass it in a tensor");
 }
 

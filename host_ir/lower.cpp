@@ -64,6 +64,21 @@ std::vector<ParallelType> mergedAllreduceDims(const Sharding& a, const Sharding&
   return dims.size() > 1 ? dims : std::vector<ParallelType>{};
 }
 
+// A max over an axis of extent 0 has no identity (numpy raises): the plain reduction kernel said so,
+// but a max fused into a normalization segment returned -inf. Checked once, before any kernel.
+void checkMaxesHaveElements(const Fusion& fusion, const ShapeMap& local) {
+  for (const Expr* e : fusion.liveExprs()) {
+    if (e->op() != OpType::ReduceMax) continue;
+    const auto in = local.find(e->input(0));
+    const auto out = local.find(e->out());
+    if (in == local.end() || out == local.end()) continue;
+    const bool empty_axis = std::any_of(e->attrs().axes.begin(), e->attrs().axes.end(),
+                                        [&](int64_t a) { return in->second[static_cast<size_t>(a)] == 0; });
+    if (empty_axis && numelOf(out->second) > 0)
+      throw UserError("max(" + e->input(0)->name() + "): reducing an axis of extent 0 has no identity");
+  }
+}
+
 ReduceOp partialOp(const TensorView* partial) {
   const Expr* def = partial->definition();
   return def && def->op() == OpType::ReduceMax ? ReduceOp::Max : ReduceOp::Sum;
@@ -88,6 +103,7 @@ std::unique_ptr<HostIrContainer> HostIrLower::lower(const Fusion& fusion, const 
                       "' is not available in this build; available: " + available);
     }
   }
+  checkMaxesHaveElements(fusion, hic_->local_shapes);
   findStreamLoops(fusion, shapes);
   findEpilogues(fusion);
   findNormalizationSegments(fusion);
@@ -343,6 +359,38 @@ void HostIrLower::recordRandomBlocks(const GlobalShapes& shapes) {
   }
 }
 
+namespace {
+// What a CPU pointwise segment computes in (runtime/cpu/pointwise.cpp): int64 when every value is an
+// integer or Bool and every op exact on integers, else float or double. An integer op in a segment
+// with floating values is computed in double, exact only to 2**53: Int64 results lost their low bits
+// when a float op shared the segment. So on the CPU an integer op (an Int or Int32 value among its
+// values) and a floating one (a floating value among its values) do not share a segment; an op of
+// Bools alone joins either.
+enum class ValueClass { Bools, Integers, Floating };
+
+ValueClass valueClassOf(const Expr* e) {
+  bool integers = false;
+  auto visit = [&](const Val* v) {
+    if (isFloatingPoint(v->dtype())) return false;
+    integers = integers || (v->isTensor() && v->dtype() != DataType::Bool);
+    return true;
+  };
+  bool exact = isExactOnIntegers(e->op()) && visit(e->out());
+  for (const Val* v : e->inputs()) exact = exact && (v->isTensor() ? visit(v) : !isFloatingPoint(v->dtype()));
+  if (!exact) return ValueClass::Floating;
+  return integers ? ValueClass::Integers : ValueClass::Bools;
+}
+
+bool mixesIntegersWithFloats(const Segment& open, const Expr* e) {
+  const ValueClass mine = valueClassOf(e);
+  if (mine == ValueClass::Bools) return false;
+  return std::any_of(open.exprs.begin(), open.exprs.end(), [&](const Expr* x) {
+    const ValueClass theirs = valueClassOf(x);
+    return theirs != ValueClass::Bools && theirs != mine;
+  });
+}
+}  // namespace
+
 void HostIrLower::lowerCompute(const Expr* e) {
   if (!onThisRank(e->out(), hic_->rank)) return;
   Segment::Kind kind = segmentKindOf(e->op());
@@ -350,7 +398,8 @@ void HostIrLower::lowerCompute(const Expr* e) {
   if (kind == Segment::Kind::Pointwise && open_pointwise_ >= 0 && !hic_->program.empty() &&
       hic_->program.back().kind == Instruction::Kind::LaunchSegment && hic_->program.back().index == open_pointwise_) {
     const Segment& open = hic_->segments[open_pointwise_];
-    joins = hic_->local_shapes.at(open.exprs.front()->out()) == hic_->local_shapes.at(e->out());
+    joins = hic_->local_shapes.at(open.exprs.front()->out()) == hic_->local_shapes.at(e->out()) &&
+            !(hic_->device.type == DeviceType::CPU && mixesIntegersWithFloats(open, e));
   }
   if (joins) {
     hic_->segments[open_pointwise_].exprs.push_back(e);

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "runtime/element.h"
 #include "runtime/tensor.h"
 
 namespace meshfuse {
@@ -187,6 +188,28 @@ bool isBinary(OpType op) { return op >= OpType::Add && op <= OpType::LogicalOr; 
 bool isTernary(OpType op) { return op == OpType::Where; }
 bool isComparison(OpType op) { return op >= OpType::Lt && op <= OpType::Ne; }
 bool isLogical(OpType op) { return op == OpType::LogicalAnd || op == OpType::LogicalOr || op == OpType::LogicalNot; }
+bool isExactOnIntegers(OpType op) {
+  switch (op) {
+    case OpType::Add:
+    case OpType::Sub:
+    case OpType::Mul:
+    case OpType::Max:
+    case OpType::Min:
+    case OpType::Neg:
+    case OpType::Abs:
+    case OpType::Relu:
+    case OpType::Cast:
+    case OpType::Set:
+    case OpType::Square:
+    case OpType::LogicalNot:
+    case OpType::LogicalAnd:
+    case OpType::LogicalOr:
+    case OpType::Where:
+    case OpType::Full: return true;
+    default: return isComparison(op);
+  }
+}
+
 bool isCreation(OpType op) { return op == OpType::Full || op == OpType::Uniform || op == OpType::Normal; }
 bool isRandom(OpType op) { return op == OpType::Uniform || op == OpType::Normal; }
 bool isPointwise(OpType op) {
@@ -206,11 +229,7 @@ namespace {
 // A constant with its value to the last bit (%.17g): the text of a definition is what ranks compare
 // to agree they run one program, and constants that differ in a later digit (2 against 2.0000001,
 // a dropout probability) are different programs.
-std::string constantToString(const Scalar* s) {
-  char value[40];
-  std::snprintf(value, sizeof value, "%.17g", *s->value());
-  return s->name() + "=" + value;
-}
+std::string constantToString(const Scalar* s) { return s->name() + "=" + exactText(*s->value()); }
 
 std::string valToString(const Val* v) {
   if (v->isTensor()) {
@@ -254,6 +273,14 @@ TensorView* Fusion::newTensor(DataType dtype, std::vector<int64_t> shape, std::v
   return raw;
 }
 
+std::string exactText(double value) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+bool fitsInt32(double value) { return value >= -2147483648.0 && value <= 2147483647.0; }
+
 bool isExactInteger(double value) {
   return std::isfinite(value) && value == std::trunc(value) && std::fabs(value) <= kExactIntegerLimit;
 }
@@ -261,7 +288,12 @@ bool isExactInteger(double value) {
 Scalar* Fusion::newScalar(DataType dtype, std::optional<double> value) {
   if (value && isIntegral(dtype) && !isExactInteger(*value))
     throw UserError("constant: an " + meshfuse::toString(dtype) +
-                    " constant must be a whole number within 2**53, got " + std::to_string(*value));
+                    " constant must be a whole number within 2**53, got " + exactText(*value));
+  if (value && dtype == DataType::Int32 && !fitsInt32(*value))
+    throw UserError("constant: an Int32 constant must be within [-2**31, 2**31), got " + exactText(*value));
+  // Held as its dtype holds it (define_scalar(0.1, Float) is float's 0.1, (0.5, Bool) is true),
+  // as numpy's np.float32(0.1) and torch's scalar tensors are: it used to stay the double given.
+  if (value) value = representedAs(dtype, *value);
   auto s = std::make_unique<Scalar>(this, static_cast<int>(vals_.size()), dtype, value);
   Scalar* raw = s.get();
   vals_.push_back(std::move(s));

@@ -47,6 +47,8 @@ class Val {
 constexpr double kExactIntegerLimit = 9007199254740992.0;
 // Whether `value` is a whole number a double holds exactly: what an Int or Int32 scalar may be.
 bool isExactInteger(double value);
+bool fitsInt32(double value);         // within [-2**31, 2**31) (false for NaN)
+std::string exactText(double value);  // to the last bit (%.17g): 2 as "2", 0.1 as "0.10000000000000001"
 
 class Scalar : public Val {
  public:
@@ -191,6 +193,9 @@ bool isBinary(OpType op);
 bool isTernary(OpType op);
 bool isComparison(OpType op);  // lt, le, gt, ge, eq, ne
 bool isLogical(OpType op);     // logical_and, logical_or, logical_not
+// Ops whose result on integers is an integer computed exactly in int64 (add, mul, max, where,
+// comparisons, ...; not div, pow or the transcendental ones).
+bool isExactOnIntegers(OpType op);
 // Full, Uniform, Normal: an output computed from scalars alone (no tensor operand).
 bool isCreation(OpType op);
 bool isRandom(OpType op);     // Uniform, Normal

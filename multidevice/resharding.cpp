@@ -377,15 +377,23 @@ class ReshardingPass {
       const Expr* add = biasAdd(reduced, bias);
       return lowerCompute(add, {reduced, bias}, mesh, resolved);
     }
-    TensorView* result = lowerPiece(e, e->op(), inputs, compute_mesh, compute);
+    // Only sums wait: a max's reduction op is read off its producer when the communication is
+    // lowered (which a view in between would hide), and a mean is scaled after its reduction.
+    const bool sum = e->op() != OpType::ReduceMax && e->op() != OpType::Mean;
+    const bool waits = sum && compute_mesh == mesh && compute.isPartial() && partialCanWait(e->out());
+    // A Half or BFloat16 sum or mean over a sharded axis: each rank's partial sum in float32, reduced
+    // across ranks in float32 and rounded once after. Rounded before the allreduce, a LayerNorm's sum
+    // of squares overflowed Half (inf variance, zero output) and its mean lost digits that the
+    // unsharded fused kernel, which keeps float32, does not.
+    const bool widened = !waits && compute.isPartial() && (e->op() == OpType::Sum || e->op() == OpType::Mean) &&
+                         (e->out()->dtype() == DataType::Half || e->out()->dtype() == DataType::BFloat16);
+    TensorView* result =
+        lowerPiece(e, e->op(), inputs, compute_mesh, compute, widened ? std::optional(DataType::Float) : std::nullopt);
     Sharding final_target = target.value_or(Sharding{});
     if (!target) {
       for (int d = 0; d < kMeshDims; ++d) final_target.axis[d] = compute.partial[d] ? -1 : compute.axis[d];
     }
-    // Only sums wait: a max's reduction op is read off its producer when the communication is
-    // lowered (which a view in between would hide), and a mean is scaled after its reduction.
-    const bool sum = e->op() != OpType::ReduceMax && e->op() != OpType::Mean;
-    if (sum && result->deviceMesh() == mesh && shardingOf(result).isPartial() && partialCanWait(e->out()))
+    if (waits && result->deviceMesh() == mesh && shardingOf(result).isPartial())
       return result;  // reduced at the annotated tensor it flows into (a reduce-scatter where that is sharded)
     if (result->deviceMesh() != mesh || !(shardingOf(result) == final_target))
       result = reshard(result, mesh, final_target);
@@ -401,6 +409,14 @@ class ReshardingPass {
         result = scaled;
       }
     }
+    if (widened) {
+      // Back to the op's dtype by a set, not a cast: inside a fused kernel a Half value keeps float32
+      // precision (a cast would round there, and a sum of squares over 65504 divided by N after it
+      // would overflow); it is rounded where it is stored, as the unsharded reduction's result is.
+      TensorView* narrowed = newTv(result, e->out()->dtype(), *result->deviceMesh(), shardingOf(result));
+      out_->newExpr(OpType::Set, {result}, {narrowed});
+      result = narrowed;
+    }
     return result;
   }
 
@@ -414,8 +430,9 @@ class ReshardingPass {
     return f.exprs().back().get();
   }
 
+  // `dtype`: the piece's result type where it differs from the op's (a Half sum's float32 partial).
   TensorView* lowerPiece(const Expr* e, OpType op, std::vector<Val*> inputs, const DeviceMesh& mesh,
-                         const Sharding& out_s) {
+                         const Sharding& out_s, std::optional<DataType> dtype = std::nullopt) {
     std::vector<Val*> ready;
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i]->isTensor()) {
@@ -428,8 +445,8 @@ class ReshardingPass {
       ready.push_back(reshard(tv, mesh, need));
     }
     ExprAttributes attrs = e->attrs();
-    DataType dtype = ops::resultType(op, ready, attrs);
-    TensorView* out = newTv(e->out(), dtype, mesh, out_s);  // a piece (linear without bias) keeps the shape
+    TensorView* out = newTv(e->out(), dtype.value_or(ops::resultType(op, ready, attrs)), mesh,
+                            out_s);  // a piece (linear without bias) keeps the shape
     out_->newExpr(op, ready, {out}, attrs);
     return out;
   }

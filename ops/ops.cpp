@@ -251,7 +251,11 @@ std::pair<TensorView*, TensorView*> varMean(TensorView* x, std::vector<int64_t> 
     // Counted in Float (exact to 2^24; Half is exact only to 2048), Double for Double.
     if (x->dtype() == DataType::Double) ones = cast(ones, DataType::Double);
     TensorView* count = reduction(OpType::Sum, ones, axes, keepdim);
-    TensorView* denom = binary(OpType::Sub, count, f->newScalar(DataType::Double, static_cast<double>(correction)));
+    // max(N - correction, 0), as the static branch below and torch: a correction beyond N divides by
+    // zero (inf, or NaN over an empty axis), never by a negative count (a negative variance).
+    TensorView* denom =
+        binary(OpType::Max, binary(OpType::Sub, count, f->newScalar(DataType::Double, static_cast<double>(correction))),
+               f->newScalar(DataType::Double, 0.0));
     TensorView* var = binary(OpType::Div, reduction(OpType::Sum, squares, axes, keepdim), denom);
     return {var->dtype() == x->dtype() ? var : cast(var, x->dtype()), mean};
   }

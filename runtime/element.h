@@ -34,4 +34,26 @@ inline void storeFromDouble(void* p, DataType dtype, double v) {
   }
 }
 
+// `v` as an element of `dtype` holds it, back as a double: a number rounded to Float, Half or
+// BFloat16, a Bool's 0 or 1 (any non-zero, NaN included, is true, as numpy's bool(0.5)), an integer
+// truncated toward zero. Integers out of range (which callers reject first) are held to the
+// range and NaN is 0, so that the conversion is always defined.
+inline double representedAs(DataType dtype, double v) {
+  switch (dtype) {
+    case DataType::Bool: return v != 0.0 ? 1.0 : 0.0;
+    case DataType::Int:
+    case DataType::Int32: {
+      if (std::isnan(v)) return 0.0;
+      const double lo = dtype == DataType::Int32 ? -2147483648.0 : -9223372036854775808.0;
+      const double hi = dtype == DataType::Int32 ? 2147483647.0 : 9223372036854774784.0;
+      return std::trunc(std::fmin(std::fmax(v, lo), hi));
+    }
+    default: {
+      alignas(8) unsigned char element[8];
+      storeFromDouble(element, dtype, v);
+      return loadAsDouble(element, dtype);
+    }
+  }
+}
+
 }  // namespace meshfuse

@@ -24,6 +24,7 @@
 #include "runtime/cpu/simd_clones.h"
 #include "runtime/cpu/strided_space.h"
 #include "runtime/cpu/tile_io.h"
+#include "runtime/element.h"
 #include "runtime/philox.h"
 
 namespace meshfuse::cpu {
@@ -71,6 +72,7 @@ struct Step {
   OpType op = OpType::Set;
   DataType cast_to = DataType::Float;  // for Cast, and for rounding a Pow to an integral result
   bool round = false;
+  bool wrap_int32 = false;  // an Int32 result computed wider, wrapped to 32 bits as int32 arithmetic does
   Operand a, b, c;
   int out = -1;
   const Tensor* direct_out = nullptr;      // written straight into this output when it has the compute type
@@ -104,25 +106,33 @@ struct Program {
   std::vector<size_t> drawn;
 };
 
-bool isIntegerExact(OpType op) {
+// Ops whose result can leave the range or precision of operands of its dtype (a sum, a product),
+// unlike where/max/set, which return one of them.
+bool canLeaveOperandRange(OpType op) {
   switch (op) {
-    case OpType::Add:
-    case OpType::Sub:
-    case OpType::Mul:
+    case OpType::Where:
     case OpType::Max:
     case OpType::Min:
-    case OpType::Neg:
-    case OpType::Abs:
     case OpType::Relu:
-    case OpType::Cast:
     case OpType::Set:
-    case OpType::Square:
-    case OpType::LogicalNot:
-    case OpType::LogicalAnd:
-    case OpType::LogicalOr:
-    case OpType::Where:
-    case OpType::Full: return true;
-    default: return isComparison(op);
+    case OpType::Cast:
+    case OpType::Full: return false;
+    default: return !isComparison(op) && !isLogical(op) && !isRandom(op);
+  }
+}
+
+// A value narrower than the program's computation is brought back to its dtype after each step that
+// can leave it, as it is when it stands alone: an Int32 sum wraps at 2**31, a Float product in a Double
+// program overflows to inf (it stayed in double, and a fusion's results depended on what else it
+// computed). Half and BFloat16 keep float precision between steps in every program, as in a float one
+// (and as nvFuser's fused kernels do).
+void roundNarrowerResult(ComputeType compute, DataType out_dtype, Step& step) {
+  if (step.round || !canLeaveOperandRange(step.op)) return;
+  if (out_dtype == DataType::Int32 && compute != ComputeType::Float32) {
+    step.wrap_int32 = true;
+  } else if (compute == ComputeType::Float64 && isFloatingPoint(out_dtype) && out_dtype != DataType::Double) {
+    step.round = true;
+    step.cast_to = DataType::Float;
   }
 }
 
@@ -148,7 +158,7 @@ ComputeType chooseComputeType(const std::vector<const Expr*>& exprs) {
       if (!v->isTensor() && isComparison(e->op()) && isFloatingPoint(v->dtype())) all_integer = false;
     }
     visit(e->out());
-    if (!isIntegerExact(e->op())) all_integer = false;
+    if (!isExactOnIntegers(e->op())) all_integer = false;
   }
   if (all_integer) return ComputeType::Int64;
   return wide ? ComputeType::Float64 : ComputeType::Float32;
@@ -313,8 +323,11 @@ Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs
         operands[i]->scalar = values.scalar(v);
     }
     DataType out_dtype = e->out()->dtype();
+    // full(0.5, Bool) is true: the value as the dtype holds it, before an integer computation truncates it.
+    if (e->op() == OpType::Full) step.a.scalar = representedAs(out_dtype, step.a.scalar);
     step.round = e->op() == OpType::Cast || (e->op() == OpType::Pow && !isFloatingPoint(out_dtype));
     if (e->op() == OpType::Pow || isCreation(e->op())) step.cast_to = out_dtype;
+    roundNarrowerResult(p.compute, out_dtype, step);
     step.out = slot[e->out()] = p.num_slots++;
     p.steps.push_back(step);
   }
@@ -446,6 +459,19 @@ void keepBelowMax(DataType dtype, double lo, double hi, T* out, int64_t n) {
   }
 }
 
+// Integers computed in int64 or double (exact there up to 2**53) wrapped to 32 bits, through int64,
+// whose conversion to int32 is modular (C++20).
+template <typename T>
+void wrapToInt32(T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = out[i];
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!(std::fabs(v) < T(9.2e18))) continue;  // NaN or beyond int64: not an integer result
+    }
+    out[i] = static_cast<T>(static_cast<int32_t>(static_cast<int64_t>(v)));
+  }
+}
+
 template <typename T>
 void runStep(const Step& s, const std::vector<const T*>& ptr, T* out, int64_t start, int64_t n) {
   auto operand = [&](const Operand& o) {
@@ -467,6 +493,7 @@ void runStep(const Step& s, const std::vector<const T*>& ptr, T* out, int64_t st
   if (isCreation(s.op) && s.cast_to != DataType::Float && s.cast_to != DataType::Double)
     applyRounding<T>(s.cast_to, out, out, n);
   if (s.round && s.op != OpType::Cast) applyRounding<T>(s.cast_to, out, out, n);
+  if (s.wrap_int32) wrapToInt32<T>(out, n);
   if (s.op == OpType::Uniform) keepBelowMax<T>(s.cast_to, s.a.scalar, s.b.scalar, out, n);
 }
 

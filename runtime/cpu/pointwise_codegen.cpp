@@ -42,7 +42,7 @@ std::string expression(const TileProgram::Step& s) {
   const auto cmp = [&](const char* op) { return "static_cast<float>(" + a + " " + op + " " + b + ")"; };
   switch (s.op) {
     case OpType::Neg: return "-" + a;
-    case OpType::Abs: return "(" + a + " < 0.0f ? -" + a + " : " + a + ")";
+    case OpType::Abs: return "std::fabs(" + a + ")";  // +0.0 for -0.0, as the interpreter
     case OpType::Relu: return "(" + a + " < 0.0f ? 0.0f : " + a + ")";
     case OpType::Exp: return "expFloat(" + a + ")";
     case OpType::Log: return "std::log(" + a + ")";

@@ -56,7 +56,14 @@ MESHFUSE_SIMD_CLONES void applyUnary(OpType op, const T* x, T* out, int64_t n) {
   using detail::mapUnary;
   switch (op) {
     case OpType::Neg: return mapUnary(x, out, n, [](T v) { return static_cast<T>(-v); });
-    case OpType::Abs: return mapUnary(x, out, n, [](T v) { return static_cast<T>(v < T(0) ? -v : v); });
+    // fabs clears the sign bit: abs(-0.0) is +0.0 (1 / abs(x) is +inf), as numpy and torch give.
+    case OpType::Abs:
+      return mapUnary(x, out, n, [](T v) {
+        if constexpr (std::is_floating_point_v<T>)
+          return std::fabs(v);
+        else
+          return static_cast<T>(v < T(0) ? -v : v);
+      });
     // NaN < 0 is false, so relu keeps NaN (as torch does).
     case OpType::Relu: return mapUnary(x, out, n, [](T v) { return v < T(0) ? T(0) : v; });
     case OpType::Exp: return mapUnary(x, out, n, [](T v) { return expOf(v); });

@@ -297,3 +297,27 @@ def test_heads_stay_sharded_through_reshapes_with_a_symbolic_batch(batch):
     (out,) = fd.execute([xs.astype(np.float32), block(w1s.astype(np.float32), 0), block(w2s.astype(np.float32), 1)])
     assert communications(fd) == ["Allreduce"], fd.host_ir()
     np.testing.assert_allclose(out, np.maximum(xs @ w1s.T, 0) @ w2s.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["var_mean", "sum", "mean"])
+def test_a_half_reduction_over_the_sharded_axis_is_reduced_in_float32(op):
+    """Each rank's Half partial of a sum over the sharded axis was rounded to Half before the allreduce:
+    a LayerNorm's sum of squares over 65504 became inf (variance inf, output 0). The partials travel in
+    float32 now and the result is rounded once: within Half's rounding of the float64 answer."""
+    cols = 1024 * WORLD
+    full = (np.random.default_rng(5).standard_normal((2, cols)) * 8).astype(np.float16)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2, cols], DataType.Half)
+        if op == "var_mean":
+            var, mean = fd.ops.var_mean(x, [1])
+            fd.add_output(var)
+            fd.add_output(mean)
+        else:
+            fd.add_output(getattr(fd.ops, op)(x, [1]))
+        shard(x, 1)
+    wide = full.astype(np.float64)
+    expected = {"var_mean": [wide.var(1), wide.mean(1)], "sum": [wide.sum(1)], "mean": [wide.mean(1)]}[op]
+    for got, want in zip(fd.execute([block(full, 1)]), expected):
+        assert got.dtype == np.float16 and np.isfinite(got).all(), got
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+    assert communications(fd).count("Allreduce") >= 1
