@@ -23,6 +23,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--clip", type=float, default=1.0, help="the whole model's gradient norm is clipped to this")
     args = ap.parse_args()
     comm = Communicator.instance()
     cfg = TransformerConfig(batch=4, sequence=16, heads=4, hidden=32, dtype=DataType.Float, dropout_p=0.0)
@@ -36,6 +37,9 @@ def main():
         opt.zero_grad()
         loss = ((layer(x) - target) ** 2).mean()
         loss.backward()
+        # torch.nn.utils.clip_grad_norm_ would see only this rank's shards; the layer's own takes the
+        # norm over the whole model, so the ranks clip alike and their replicated parameters stay equal.
+        layer.clip_grad_norm_(args.clip)
         opt.step()
         losses.append(float(loss))
         if comm.rank == 0 and (step % 10 == 0 or step == args.steps - 1):
@@ -44,7 +48,28 @@ def main():
     target = 0.5 * losses[0] if args.steps >= 50 else losses[0]
     if losses[-1] >= target:
         raise SystemExit(f"rank {comm.rank}: the loss did not fall enough: {losses[0]:.4f} -> {losses[-1]:.4f}")
+    # Replicated parameters (the LayerNorms', the row-parallel biases) are the same on every rank.
+    for name in ("ln0_weight", "ln1_weight", "out_bias"):
+        rows = gather_rows(getattr(layer, name).detach(), comm)
+        if not all(torch.equal(rows[0], r) for r in rows):
+            raise SystemExit(f"rank {comm.rank}: replicated parameter {name} differs between ranks")
     print(f"rank {comm.rank}: loss {losses[0]:.4f} -> {losses[-1]:.4f} in {args.steps} steps")
+
+
+def gather_rows(value, comm):
+    """Every rank's copy of a replicated 1-D parameter, by a meshfuse allgather over the world."""
+    from meshfuse import FusionDefinition, ParallelType
+    from meshfuse.multidevice import DeviceMesh
+    mesh = DeviceMesh(range(comm.size))
+    with FusionDefinition() as fd:
+        rows = fd.define_tensor([comm.size, value.numel()], DataType.Float)
+        whole = fd.ops.set(rows)
+        fd.add_output(whole)
+        rows.set_device_mesh(mesh)
+        rows.outer_split(0, comm.size)
+        rows.axis(0).parallelize(ParallelType.mesh_x)
+        whole.set_device_mesh(mesh)
+    return list(fd.execute([value.reshape(1, -1).contiguous()])[0])
 
 
 if __name__ == "__main__":

@@ -86,6 +86,10 @@ DataType resultType(OpType op, const std::vector<Val*>& inputs, const ExprAttrib
 
 TensorView* unary(OpType op, TensorView* x) {
   if (!isUnary(op)) throw UserError(toString(op) + " is not a unary op");
+  // numpy and torch refuse it too: -True is not a Bool (it returned x unchanged).
+  if (op == OpType::Neg && x != nullptr && x->dtype() == DataType::Bool)
+    throw UserError("neg: " + x->name() + " is Bool, which has no negation; use logical_not(" + x->name() +
+                    ") to flip it, or cast it to a number first");
   return build(op, {x});
 }
 

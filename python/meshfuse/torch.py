@@ -18,10 +18,27 @@ import dataclasses
 import numpy as np
 import torch
 
+from . import DataType, FusionDefinition, ParallelType
 from .models import transformer as _tf
 from .multidevice import Communicator, shard_tensor
 
 _TORCH_DTYPE = {"Float": torch.float32, "Double": torch.float64, "BFloat16": torch.bfloat16, "Half": torch.float16}
+
+
+_MESH_TYPES = (ParallelType.mesh_x, ParallelType.mesh_y, ParallelType.mesh_z)
+
+
+def _sum_over_mesh_dim(value, mesh, parallel, rank):
+    """The sum of `value` over the ranks of this rank's team along `parallel` (a meshfuse allreduce of
+    a [team size] vector sharded along that dim; every rank of the mesh calls it)."""
+    size = mesh.size_along(parallel)
+    with FusionDefinition() as fd:
+        slots = fd.define_tensor([size], DataType.Double)
+        fd.add_output(fd.ops.sum(slots, [0]))
+        slots.set_device_mesh(mesh)
+        slots.outer_split(0, size)
+        slots.axis(0).parallelize(parallel)
+    return float(fd.execute([np.array([value], np.float64)])[0])
 
 
 def _plain(t):
@@ -140,6 +157,43 @@ class TransformerLayer(torch.nn.Module):
         self.forward_fusion._ensure_defined()
         self._eval_fusions, self.last_forward = None, None
 
+    def clip_grad_norm_(self, max_norm):
+        """torch.nn.utils.clip_grad_norm_ for the sharded layer: scales every gradient by
+        min(1, max_norm / (norm + 1e-6)) where norm is the 2-norm of the whole model's gradient, and
+        returns that norm (a float64 tensor, equal on every rank). Each sharded gradient's squares are
+        summed over the ranks that hold its blocks (one allreduce per mesh dimension that shards
+        some), each replicated one counted once: torch's own clip_grad_norm_ on a rank sees only its
+        shards, so tensor-parallel ranks would clip their replicated LayerNorm parameters by
+        different factors and drift apart. A collective over the layer's mesh: call it on every rank."""
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
+            raise ValueError(f"clip_grad_norm_: max_norm must be a positive number, got {max_norm!r}")
+        grads = {n: getattr(self, n).grad for n in _tf.PARAMETERS if getattr(self, n).grad is not None}
+        squares = {}  # the mesh dimension a gradient is sharded along (None: replicated) -> its local sum of squares
+        for name, grad in grads.items():
+            tv = self.forward_fusion.tensors[name]
+            dims = [p for p in _MESH_TYPES if tv.device_mesh is not None and tv.sharded_axis(p) >= 0]
+            if len(dims) > 1:
+                raise NotImplementedError(f"clip_grad_norm_: {name} is sharded along several mesh dimensions")
+            key = dims[0] if dims else None
+            squares[key] = squares.get(key, 0.0) + float(grad.detach().double().pow(2).sum())
+        total = squares.pop(None, 0.0)
+        for parallel in _MESH_TYPES:  # the same order on every rank: each is a collective over the mesh
+            if self.mesh is not None and self.mesh.size_along(parallel) > 1 and self._shards_along(parallel):
+                total += _sum_over_mesh_dim(squares.get(parallel, 0.0), self.mesh, parallel, self.rank)
+            else:  # along a dim of one device a shard is the whole gradient
+                total += squares.get(parallel, 0.0)
+        norm = torch.tensor(total, dtype=torch.float64).sqrt()
+        scale = max_norm / (float(norm) + 1e-6)
+        if scale < 1.0:
+            with torch.no_grad():
+                for grad in grads.values():
+                    grad.mul_(scale)
+        return norm
+
+    def _shards_along(self, parallel):
+        tv = self.forward_fusion.tensors
+        return any(tv[n].device_mesh is not None and tv[n].sharded_axis(parallel) >= 0 for n in _tf.PARAMETERS)
+
     @staticmethod
     def initial_parameters(cfg, seed):
         """Global parameters (GPT-2 style: N(0, 0.02) weights, zero biases, unit LayerNorm weights)."""
@@ -166,4 +220,13 @@ class TransformerLayer(torch.nn.Module):
         if not isinstance(x, torch.Tensor):  # else an AttributeError from deep inside autograd
             raise TypeError(f"TransformerLayer: x must be a torch tensor (this rank's shard of the [b, s, e] input: "
                             f"shard_input() makes it), got {type(x).__name__}")
+        # layer.double() or .to(torch.bfloat16) converts the parameters, not the fusions (defined for
+        # cfg.dtype): the execute error then blamed x.
+        dtype = _TORCH_DTYPE[self.cfg.dtype.name]
+        for name in _tf.PARAMETERS:
+            if getattr(self, name).dtype != dtype:
+                raise TypeError(f"TransformerLayer: parameter {name} is {getattr(self, name).dtype} but the layer's "
+                                f"fusions are defined for {dtype} (TransformerConfig.dtype); a module dtype "
+                                f"conversion (layer.double(), .to(dtype)) does not redefine them: build the layer "
+                                f"with TransformerConfig(dtype=...) instead")
         return _LayerFunction.apply(self, x, *[getattr(self, n) for n in _tf.PARAMETERS])

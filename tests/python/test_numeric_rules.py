@@ -124,3 +124,10 @@ def test_var_mean_with_a_correction_beyond_the_count_divides_by_zero(symbolic):
     with np.errstate(invalid="ignore", divide="ignore"):
         var, _ = run_fusion(lambda fd, t: list(fd.ops.var_mean(t, [1], correction=1)), empty, symbolic=symbolic)
     assert np.isnan(var).all()
+
+
+def test_negating_a_bool_is_refused_as_numpy_and_torch_do():
+    """neg of a Bool returned it unchanged (-True is not a Bool)."""
+    with pytest.raises(ValueError, match=r"neg: T0 is Bool, which has no negation; use logical_not\(T0\)"):
+        with FusionDefinition() as fd:
+            fd.add_output(fd.ops.neg(fd.define_tensor([2], DataType.Bool)))

@@ -225,3 +225,35 @@ def test_a_mesh_without_every_rank_or_of_the_wrong_rank_is_a_clear_error():
         TransformerLayer(cfg, "tp", mesh=DeviceMesh([[0]]))
     with pytest.raises(ValueError, match="schedule 'dp_tp' runs on a 2-D mesh"):
         TransformerLayer(cfg, "dp_tp", mesh=DeviceMesh([0]))
+
+
+def test_a_module_dtype_conversion_is_a_clear_error_naming_the_config():
+    """layer.double() converts the parameters, not the fusions: the error blamed x's dtype."""
+    layer, x = _layer_and_input()
+    layer.double()
+    with pytest.raises(TypeError, match=r"parameter ln0_weight is torch.float64 but the layer's fusions are defined "
+                                        r"for torch.float32 \(TransformerConfig.dtype\)"):
+        layer(x.double())
+
+
+def test_clip_grad_norm_is_torchs_on_one_rank():
+    """The layer's clip_grad_norm_ (the whole model's norm over the ranks' shards; at 2 ranks in
+    examples/train_transformer.py, which checks the replicated parameters stay equal) on one rank is
+    torch.nn.utils.clip_grad_norm_: the same norm and the same clipped gradients."""
+    import copy
+    from meshfuse.torch import TransformerLayer
+    cfg = TransformerConfig(batch=2, sequence=8, heads=2, hidden=16, dtype=DataType.Float)
+    layer = TransformerLayer(cfg, schedule="tp")      # a world of one: the tp mesh is one rank
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(0)
+    (layer(x) ** 2).sum().backward()
+    twin = copy.deepcopy(layer)
+    expected = torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5)
+    norm = layer.clip_grad_norm_(0.5)
+    assert norm.dtype == torch.float64 and abs(float(norm) - float(expected)) < 1e-5 * float(expected)
+    assert float(norm) > 0.5, "the test clips"
+    for name, param in layer.named_parameters():
+        torch.testing.assert_close(param.grad, getattr(twin, name).grad, rtol=1e-6, atol=0)
+    for bad in (0, -1.0, True, "1"):
+        with pytest.raises(ValueError, match="max_norm must be a positive number"):
+            layer.clip_grad_norm_(bad)
