@@ -116,6 +116,41 @@ void printRow(const Row& r) {
   std::fflush(stdout);
 }
 
+// Every path computes the collective before it is timed: buffers filled with rank + 1, one call,
+// then the result checked on every rank (the allgather's block r holds r + 1, a sum holds
+// n (n + 1) / 2). A wrong result stops the benchmark (exit 1) before any number is printed for it.
+bool verified(const char* op, const std::vector<Path>& paths, std::vector<Tensor>& fulls, std::vector<Tensor>& parts,
+              int64_t rank, int64_t n) {
+  const int64_t block = parts[0].numel();
+  const auto sum = static_cast<float>(n * (n + 1) / 2);
+  const std::string kind = op;
+  bool ok = true;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (!paths[i].run) continue;
+    std::fill_n(fulls[i].dataAs<float>(), block * n, static_cast<float>(rank + 1));
+    std::fill_n(parts[i].dataAs<float>(), block, static_cast<float>(rank + 1));
+    paths[i].run();
+    const float* full = fulls[i].dataAs<float>();
+    const float* part = parts[i].dataAs<float>();
+    bool mine = true;
+    if (kind == "reduce_scatter")
+      mine = std::all_of(part, part + block, [&](float v) { return v == sum; });
+    else if (kind == "allreduce")
+      mine = std::all_of(full, full + block * n, [&](float v) { return v == sum; });
+    else
+      for (int64_t j = 0; j < block * n && mine; ++j) mine = full[j] == static_cast<float>(j / block + 1);
+    int all = mine ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (all == 0 && rank == 0)
+      std::fprintf(stderr, "bench_collectives: %s through %s gave a wrong result (%lld floats a rank)\n", op,
+                   paths[i].name, static_cast<long long>(block));
+    ok = ok && all != 0;
+    std::fill_n(fulls[i].dataAs<float>(), block * n, 1.0f);  // as the timed rounds start
+    std::fill_n(parts[i].dataAs<float>(), block, 1.0f);
+  }
+  return ok;
+}
+
 #if MESHFUSE_HAVE_UCC
 // A raw UCC collective on `team`, blocking: what the UCC backend's Work does, minus meshfuse.
 void rawUcc(ucc_team_h team, ucc_coll_args_t args) {
@@ -212,6 +247,7 @@ int main(int argc, char** argv) {
           {"raw_ucc", when(raw_ucc, raw_ucc_call)},
           {"mf_gloo", when(gloo, [&] { through(*gloo, fulls[4], parts[4]); })},
       };
+      if (!verified(op, paths, fulls, parts, comm.rank(), n)) std::exit(1);
       if (printer && !header) printHeader(n, paths);
       header = true;
       Row r = measure(bytes, op, factor, paths);

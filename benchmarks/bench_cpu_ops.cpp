@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -69,6 +70,43 @@ mf::Segment pointwiseSegment(std::vector<const mf::Expr*> exprs, std::vector<mf:
   return seg;
 }
 
+// Each case checks what it computed after its timed loop (every element of the chain, 64 sampled
+// entries of the product against float64 dot products): a wrong result marks the row an error
+// (SkipWithError), and its ratios print n/a, rather than timing work that is not the work.
+void checkChain(const mf::Tensor& x, const mf::Tensor& y, benchmark::State& state) {
+  const float* in = x.dataAs<const float>();
+  const float* out = y.dataAs<const float>();
+  for (int64_t i = 0; i < kChainElements; ++i) {
+    const double v = std::max(static_cast<double>(in[i]) * kA + kB, 0.0) * kC;
+    if (std::abs(out[i] - v) > 1e-5 * (1.0 + std::abs(v))) {
+      state.SkipWithError(("wrong result at element " + std::to_string(i) + ": " + std::to_string(out[i]) +
+                           " instead of " + std::to_string(v))
+                              .c_str());
+      return;
+    }
+  }
+}
+
+void checkLinear(const mf::Tensor& x, const mf::Tensor& w, const mf::Tensor* bias, const mf::Tensor& y,
+                 benchmark::State& state) {
+  const int64_t n = kGemmSize;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> pick(0, n - 1);
+  for (int sample = 0; sample < 64; ++sample) {
+    const int64_t i = pick(rng), j = pick(rng);
+    double want = bias ? bias->dataAs<const float>()[j] : 0.0;
+    for (int64_t k = 0; k < n; ++k)
+      want += static_cast<double>(x.dataAs<const float>()[i * n + k]) * w.dataAs<const float>()[j * n + k];
+    const double got = y.dataAs<const float>()[i * n + j];
+    if (std::abs(got - want) > 1e-4 * (1.0 + std::abs(want))) {
+      state.SkipWithError(("wrong result at (" + std::to_string(i) + ", " + std::to_string(j) +
+                           "): " + std::to_string(got) + " instead of " + std::to_string(want))
+                              .c_str());
+      return;
+    }
+  }
+}
+
 void setChainCounters(benchmark::State& state) {
   // Compulsory traffic: read x once, write y once. Shown as "GB" per second.
   state.counters["GB"] = benchmark::Counter(8.0 * kChainElements / 1e9, benchmark::Counter::kIsIterationInvariantRate);
@@ -87,6 +125,7 @@ void BM_ChainFusedExecutor(benchmark::State& state) {
     exec->run(seg, values, shapes);
     benchmark::DoNotOptimize(values.tensors[c.steps.back()].data());
   }
+  checkChain(values.tensors[c.x], values.tensors[c.steps.back()], state);
   setChainCounters(state);
 }
 
@@ -107,6 +146,7 @@ void BM_ChainFourPasses(benchmark::State& state) {
     benchmark::DoNotOptimize(values.tensors[c.steps.back()].data());
     for (size_t i = 0; i + 1 < c.steps.size(); ++i) values.tensors.erase(c.steps[i]);  // temporaries die
   }
+  checkChain(values.tensors[c.x], values.tensors[c.steps.back()], state);
   setChainCounters(state);
 }
 
@@ -117,8 +157,9 @@ void BM_ChainHandWrittenLoop(benchmark::State& state) {
   mf::Tensor x = randomFloats({kChainElements}, 1);
   mf::Tensor reused = mf::Tensor::zeros({kChainElements}, mf::DataType::Float);
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  mf::Tensor y;
   for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): Google Benchmark's loop
-    mf::Tensor y = reuse_output ? reused : mf::Tensor::empty({kChainElements}, mf::DataType::Float);
+    y = reuse_output ? reused : mf::Tensor::empty({kChainElements}, mf::DataType::Float);
     const float* px = x.dataAs<const float>();
     float* py = y.dataAs<float>();
     std::vector<std::thread> pool;
@@ -140,6 +181,7 @@ void BM_ChainHandWrittenLoop(benchmark::State& state) {
     for (auto& th : pool) th.join();
     benchmark::DoNotOptimize(py);
   }
+  checkChain(x, y, state);
   setChainCounters(state);
 }
 
@@ -174,6 +216,7 @@ void BM_LinearExecutor(benchmark::State& state) {
     exec->run(seg, values, shapes);
     benchmark::DoNotOptimize(values.tensors[y].data());
   }
+  checkLinear(values.tensors[x], values.tensors[w], b ? &values.tensors[b] : nullptr, values.tensors[y], state);
   setGemmCounters(state);
 }
 
@@ -189,6 +232,7 @@ void BM_LinearDirectSgemm(benchmark::State& state) {
                 0.0f, y.dataAs<float>(), n);
     benchmark::DoNotOptimize(y.data());
   }
+  checkLinear(x, w, nullptr, y, state);
   setGemmCounters(state);
 }
 

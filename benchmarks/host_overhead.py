@@ -50,7 +50,14 @@ def transformer_passes(iters, device):
     bwd = TransformerBackward(cfg)
     arrays = dict(outs, x=x, grad_out=x, **params)
     bwd_inputs = [arrays[n] for n in bwd.input_names()]
-    bwd.execute(bwd_inputs)
+    grads = bwd.execute(bwd_inputs)
+    # The passes computed something (their values are the transformer tests' business): whole and finite.
+    for name, value in list(zip(FORWARD_OUTPUTS, outs.values())) + [("grad", g) for g in grads]:
+        value = value.float().cpu().numpy() if hasattr(value, "cpu") else np.asarray(value)
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise SystemExit(f"host_overhead --transformer: {name} is not finite")
+    if tuple(outs["out"].shape) != (cfg.batch, cfg.sequence, cfg.hidden):
+        raise SystemExit(f"host_overhead --transformer: out has shape {tuple(outs['out'].shape)}")
     print(f"| {device}, b=1 s=8 e=64, us per call | forward ({len(fwd_inputs)} inputs) | backward "
           f"({len(bwd_inputs)} inputs) |")
     print("|---|---|---|")
@@ -106,12 +113,14 @@ def main():
     first = time.perf_counter() - t0
     cached = best_of(lambda: fd.execute([a, b]), args.iters)
     baseline = best_of(peer, args.iters)
+    # What was timed computes the sum (on either device), before any number is printed.
     if args.device == "cuda":
         torch.cuda.synchronize()
-        expected = (a + b).cpu().numpy()
-        got = fd.execute([a, b])[0]
-        got = got.cpu().numpy() if hasattr(got, "cpu") else np.asarray(got)
-        assert np.allclose(got, expected), (got, expected)
+    expected = np.asarray((a + b).cpu()) if args.device == "cuda" else a + b
+    got = fd.execute([a, b])[0]
+    got = got.cpu().numpy() if hasattr(got, "cpu") else np.asarray(got)
+    if not np.array_equal(got, expected):
+        raise SystemExit(f"host_overhead: meshfuse's add differs from {peer_name}: {got} vs {expected}")
     # Where the time of one cached execute goes (the same calls execute() makes, one at a time).
     cpp_args, torch_out = fd._arguments([a, b])
     parts = {
