@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 #include "host_ir/consistency.h"
@@ -34,6 +35,38 @@ void checkScalarValue(const Val* def, size_t index, double value) {
   throw UserError(label + ", beyond 2**53, which a scalar (a double) cannot hold exactly; pass it in a tensor");
 }
 
+bool checksReplicas() {
+  const char* v = std::getenv("MESHFUSE_CHECK_REPLICAS");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// Whether ranks other than this one hold the same block: the mesh has a dim of more than one device
+// that the tensor is not sharded along.
+bool hasReplicas(const TensorView* tv) {
+  if (!tv->hasDeviceMesh()) return false;
+  for (int d = 0; d < kMeshDims; ++d) {
+    const ParallelType p = meshParallelType(d);
+    if (tv->deviceMesh()->size(p) > 1 && tv->shardedAxis(p) < 0) return true;
+  }
+  return false;
+}
+
+// FNV-1a over the elements' bytes in logical order, eight at a time (a debugging check's speed, about
+// 1 GB/s): never 0, which marks "not checked".
+uint64_t bytesHash(const Tensor& t) {
+  const Tensor dense = t.contiguous();
+  const auto* bytes = static_cast<const unsigned char*>(dense.data());
+  const size_t n = static_cast<size_t>(dense.numel()) * dataTypeSize(dense.dtype());
+  uint64_t h = 1469598103934665603ull;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes + i, sizeof word);
+    h = (h ^ word) * 1099511628211ull;
+  }
+  for (; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h == 0 ? 1 : h;
+}
 }  // namespace
 
 void checkEveryLeafIsBound(const Fusion& fusion) {
@@ -60,10 +93,12 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
                     std::to_string(inputs.size()));
   InputSignature sig;
   bool device_set = false;
+  const bool check_replicas = checksReplicas();
   for (size_t i = 0; i < defs.size(); ++i) {
     const Val* def = defs[i];
     const Argument& arg = inputs[i];
     sig.dtypes.push_back(def->dtype());
+    sig.replica_hashes.push_back(0);
     if (!def->isTensor()) {
       if (!std::holds_alternative<double>(arg))
         throw UserError("execute: input " + std::to_string(i) + " (" + def->name() +
@@ -136,6 +171,8 @@ InputSignature checkLocalInputs(const Fusion& fusion, const std::vector<Argument
     sig.present.push_back(true);
     sig.global.push_back(global);
     sig.scalars.push_back(0.0);
+    sig.replica_hashes.back() =
+        check_replicas && hasReplicas(tv) && t.device().type == DeviceType::CPU ? bytesHash(t) : 0;
   }
   return sig;
 }
@@ -144,7 +181,7 @@ namespace {
 std::string offsetText(int64_t given) { return given < 0 ? std::string("none") : std::to_string(given); }
 
 // Wire format: [status, device, trace, seed, offset, given offset, definition, n, then per input: present, rank,
-// extents..., the scalar's bits] as int64, then the message.
+// extents..., the scalar's bits, the replica hash] as int64, then the message.
 std::string encode(const InputSignature* sig, const std::string& error) {
   std::vector<int64_t> words;
   words.push_back(sig ? 0 : 1);
@@ -163,6 +200,7 @@ std::string encode(const InputSignature* sig, const std::string& error) {
       int64_t bits = 0;
       std::memcpy(&bits, &sig->scalars[i], sizeof(bits));
       words.push_back(bits);
+      words.push_back(static_cast<int64_t>(sig->replica_hashes[i]));
     }
   }
   std::string bytes(words.size() * sizeof(int64_t), '\0');
@@ -206,8 +244,40 @@ Decoded decode(const std::string& blob) {
     double value = 0;
     std::memcpy(&value, &words[pos++], sizeof(value));
     d.sig.scalars.push_back(value);
+    d.sig.replica_hashes.push_back(static_cast<uint64_t>(words[pos++]));
   }
   return d;
+}
+
+// MESHFUSE_CHECK_REPLICAS=1: ranks holding the same block of an input (the same coordinates along the
+// mesh dims it is sharded along) must pass the same data; tensor-parallel ranks each loading their own
+// batch computed garbage silently. Compares the hashes of the ranks that computed one.
+void checkReplicasAgree(const TensorView* tv, size_t input, const std::vector<Decoded>& decoded) {
+  if (!tv->hasDeviceMesh()) return;
+  const DeviceMesh& mesh = *tv->deviceMesh();
+  std::map<std::vector<int64_t>, size_t> first_of_block;  // the block's coordinates -> its first rank
+  for (size_t r = 0; r < decoded.size(); ++r) {
+    const uint64_t hash = decoded[r].sig.replica_hashes[input];
+    if (hash == 0 || !mesh.has(static_cast<int64_t>(r))) continue;
+    std::vector<int64_t> block;
+    std::vector<std::string> along;
+    for (int d = 0; d < kMeshDims; ++d) {
+      const ParallelType p = meshParallelType(d);
+      if (tv->shardedAxis(p) >= 0)
+        block.push_back(mesh.coordinate(static_cast<int64_t>(r), p));
+      else if (mesh.size(p) > 1)
+        along.push_back(toString(p));
+    }
+    auto [it, fresh] = first_of_block.emplace(block, r);
+    if (fresh || decoded[it->second].sig.replica_hashes[input] == hash) continue;
+    std::string dims;
+    for (const std::string& a : along) dims += (dims.empty() ? "" : " and ") + a;
+    throw UserError(tv->name() + " (input " + std::to_string(input) + "): ranks " + std::to_string(it->second) +
+                    " and " + std::to_string(r) + " hold replicas of one block (the tensor is not sharded along " +
+                    dims +
+                    ") but pass different data (MESHFUSE_CHECK_REPLICAS=1): every replica must be the same, "
+                    "e.g. the same batch on every tensor-parallel rank");
+  }
 }
 
 // The default seed (MESHFUSE_SEED unset) said as such rather than as its number.
@@ -320,6 +390,7 @@ InputSignature agreeOnInputs(const Fusion& fusion, const InputSignature* mine, c
       }
     }
     if (first < 0) throw UserError(defs[i]->name() + ": no rank holds this input (check its device mesh)");
+    checkReplicasAgree(static_cast<const TensorView*>(defs[i]), i, decoded);
     if (!mine->present[i] && merged.device == DeviceType::CPU && decoded[first].sig.device != DeviceType::CPU)
       merged.device = decoded[first].sig.device;
   }

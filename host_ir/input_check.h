@@ -20,6 +20,9 @@ struct InputSignature {
   std::vector<DataType> dtypes;
   std::vector<std::vector<int64_t>> global;  // global shapes (empty for scalars)
   std::vector<double> scalars;               // a scalar input's value (0 for tensors): replicated, so agreed
+  // MESHFUSE_CHECK_REPLICAS=1: per input, a hash of this rank's data where other ranks hold a replica
+  // of the same block (a CPU tensor not sharded along some mesh dim of more than one device); else 0.
+  std::vector<uint64_t> replica_hashes;
   DeviceType device = DeviceType::CPU;
   int device_index = 0;
   // Not inputs, but what every rank must share for the execution to be one program (agreed with them):

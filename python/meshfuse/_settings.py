@@ -52,6 +52,7 @@ SETTINGS = {
     "MESHFUSE_TIMEOUT": _anything,  # checked by execute (multidevice/timeout_env.h)
     "MESHFUSE_TRACE": _anything,
     "MESHFUSE_TRACE_HOST": _ON_OFF,
+    "MESHFUSE_CHECK_REPLICAS": _ON_OFF,
     "MESHFUSE_ABORT_ON_TIMEOUT": _ON_OFF,
     "MESHFUSE_ABORT_ON_EXCEPTION": _one_of("0", "1", "false", "no", "off", "true", "yes", "on", case_sensitive=False),
     "MESHFUSE_DEBUG": _one_of("info", "warn", "off", "0", case_sensitive=False),

@@ -321,3 +321,41 @@ def test_a_half_reduction_over_the_sharded_axis_is_reduced_in_float32(op):
         assert got.dtype == np.float16 and np.isfinite(got).all(), got
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
     assert communications(fd).count("Allreduce") >= 1
+
+
+def test_replicas_passing_different_data_raise_when_checked(monkeypatch):
+    """MESHFUSE_CHECK_REPLICAS=1: tensor-parallel ranks each loading their own batch pass different
+    'replicated' inputs, which computed garbage silently. With the check every rank raises naming the
+    ranks; blocks sharded along a dim may differ, replicas along another must not."""
+    monkeypatch.setenv("MESHFUSE_CHECK_REPLICAS", "1")
+
+    def run(mine, shard_rows):
+        with FusionDefinition() as fd:
+            x = fd.define_tensor([2 * WORLD, 3])
+            fd.add_output(fd.ops.sum(fd.ops.mul(x, x), [0]))
+            if shard_rows:
+                shard(x, 0)
+            else:
+                x.set_device_mesh(MESH)
+        return fd.execute([mine])[0]
+
+    same = np.arange(6 * WORLD, dtype=np.float32).reshape(2 * WORLD, 3)
+    np.testing.assert_allclose(run(same, False), (same.astype(np.float64) ** 2).sum(0), rtol=1e-6)
+    np.testing.assert_allclose(run(block(same), True), (same.astype(np.float64) ** 2).sum(0), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"ranks 0 and 1 hold replicas of one block \(the tensor is not sharded "
+                                         r"along mesh_x\) but pass different data"):
+        run(same + RANK, False)
+    if WORLD % 2 == 0:  # a [2, WORLD/2] mesh, rows along mesh_y: replicas along mesh_x
+        mesh = DeviceMesh(np.arange(WORLD).reshape(2, WORLD // 2))
+        with FusionDefinition() as fd:
+            x = fd.define_tensor([4, 3])
+            fd.add_output(fd.ops.mul(x, 2.0))
+            x.set_device_mesh(mesh)
+            x.outer_split(0, 2)
+            x.axis(0).parallelize(ParallelType.mesh_y)
+        row = mesh.coordinate(RANK, ParallelType.mesh_y)
+        mine = np.full((2, 3), float(row), np.float32)            # blocks differ, replicas agree
+        np.testing.assert_array_equal(fd.execute([mine])[0], 2 * mine)
+        if WORLD > 2:
+            with pytest.raises(ValueError, match="not sharded along mesh_x"):
+                fd.execute([mine + RANK])
