@@ -6,7 +6,7 @@ w1 is split by rows (column-parallel: each rank computes a slice of the hidden l
 columns (row-parallel: each rank's partial product is summed by an allreduce that meshfuse
 inserts). The program is defined once with global shapes; each rank passes its own shards.
 
-    mpirun -np 2 python examples/tp_mlp.py [--backend mpi|gloo|auto] [--batch 8] [--hidden 256]
+    mpirun -np 2 python examples/tp_mlp.py [--backend mpi|gloo|ucc|auto|nccl|cuda] [--batch 8] [--hidden 256]
 """
 import argparse
 

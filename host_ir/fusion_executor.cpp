@@ -148,6 +148,21 @@ void bindFreshRandomState(const Fusion& lowered, ValueMap& values, uint64_t seed
   }
 }
 
+// A set makes a copy (README), but where its communication is the identity (a rank in both meshes of a
+// move, a mesh dim of one device) or a local slice, the evaluator passes the tensor on as it is: the
+// output was the caller's own input array (writable), or another output. Copied then; a view op's
+// output (reshape, permute, slice) shares its input's memory as documented, and is left alone.
+void copyIfAliased(const Val* out, const std::vector<Argument>& inputs, std::vector<Tensor>& outputs) {
+  Tensor& mine = outputs.back();
+  const Expr* def = out->definition();
+  if (!mine.storage() || def == nullptr || def->op() != OpType::Set) return;
+  bool aliased = std::any_of(inputs.begin(), inputs.end(), [&](const Argument& a) {
+    return std::holds_alternative<Tensor>(a) && std::get<Tensor>(a).storage() == mine.storage();
+  });
+  for (size_t k = 0; k + 1 < outputs.size() && !aliased; ++k) aliased = outputs[k].storage() == mine.storage();
+  if (aliased) mine = mine.clone();
+}
+
 std::unique_ptr<SegmentExecutor> executorFor(Device device) {
   if (device.type == DeviceType::CPU) return makeCpuExecutor();
   if (makeCudaExecutor == nullptr)
@@ -296,6 +311,7 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   for (const Val* out : lowered.outputs()) {
     auto found = values.tensors.find(out);
     outputs.push_back(found == values.tensors.end() ? Tensor() : found->second);
+    copyIfAliased(out, inputs, outputs);
   }
   return outputs;
 }

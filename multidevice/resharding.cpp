@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "multidevice/axis_map.h"
 #include "ops/attention.h"
@@ -57,9 +58,13 @@ class ReshardingPass {
     }
     // Constant scalars are not inputs: copy them on first use.
     for (Expr* e : original_.liveExprs()) lowerExpr(e);
+    std::set<const Val*> added;
     for (Val* o : original_.outputs()) {
       if (map_[o->id()] == nullptr) map_[o->id()] = map_.at(o->id());  // an input used as output
       Val* v = map_[o->id()];
+      // Two outputs the user made distinct (y = set(x), z = set(x)) that need the same resharding share
+      // its one result (reshard's cache): the second gets a copy of its own, as without resharding.
+      if (!added.insert(v).second && v->isTensor()) v = copyOf(static_cast<TensorView*>(v));
       out_->addOutput(v);
     }
     return {std::move(out_), std::move(map_)};
@@ -125,6 +130,14 @@ class ReshardingPass {
     return tv;
   }
 
+  // A copy of `tv` with its mesh and sharding (a set that moves nothing: a pointwise copy).
+  TensorView* copyOf(TensorView* tv) {
+    TensorView* copy = tv->hasDeviceMesh() ? newTv(tv, tv->dtype(), *tv->deviceMesh(), shardingOf(tv))
+                                           : out_->newTensor(tv->dtype(), tv->shape(), tv->contiguity());
+    out_->newExpr(OpType::Set, {tv}, {copy});
+    return copy;
+  }
+
   // One set from `in` to a tensor on `mesh` with sharding `s` (a single change).
   TensorView* emitSet(TensorView* in, const DeviceMesh& mesh, const Sharding& s) {
     TensorView* out = newTv(in, in->dtype(), mesh, s);
@@ -146,17 +159,23 @@ class ReshardingPass {
       }
       return emitSet(tv, mesh, s);  // SendRecv, device i of one mesh to device i of the other
     }
-    if (mesh.size() == 1) return emitSet(tv, mesh, Sharding{});  // Gather / Reduce / one-device copy
+    if (mesh.size() == 1) {
+      // Gather / Reduce onto a device of a 1-D source mesh, or a one-device copy. A root outside the
+      // source mesh, or a mesh of more dims, gets the tensor made whole on the source first (an
+      // allgather or allreduce), then sent (a SendRecv) or kept (the root is a member).
+      const bool blocks = s.isPartial() || s.axis[0] >= 0 || s.axis[1] >= 0 || s.axis[2] >= 0;
+      if (blocks && (src.rank() != 1 || !src.has(mesh.devices()[0]))) tv = reshardSameMesh(tv, Sharding{});
+      return emitSet(tv, mesh, Sharding{});
+    }
     if (src.size() == 1) {
-      if (mesh.rank() != 1)
-        throw UserError("resharding " + describe(tv) + " onto " + mesh.toString() +
-                        ": one device to a mesh needs a 1-D mesh");
-      if (!src.has(mesh.devices()[0]) && !mesh.has(src.devices()[0]) && target.axis[0] >= 0)
-        throw UserError("resharding " + describe(tv) + " onto " + mesh.toString() +
-                        ": a scatter's root must be a device of the target mesh");
+      // Broadcast (replicate) or Scatter (shard) onto a 1-D mesh. A scatter whose root is not in the
+      // target mesh, or any move onto a mesh of more dims, broadcasts the whole tensor; each device
+      // then keeps its block (reshard's local slices after this).
+      const bool root_inside = mesh.has(src.devices()[0]);
+      if (mesh.rank() != 1 || (!root_inside && target.axis[0] >= 0)) return emitSet(tv, mesh, Sharding{});
       Sharding t;
       t.axis[0] = target.axis[0];
-      return emitSet(tv, mesh, t);  // Broadcast (replicate) or Scatter (shard)
+      return emitSet(tv, mesh, t);
     }
     throw UserError("cannot move " + describe(tv) + " onto " + mesh.toString() +
                     ": meshes differ in shape and neither is a single device");

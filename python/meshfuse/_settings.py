@@ -89,6 +89,10 @@ SETTINGS = {
 }
 
 
+# Read where they act as errors, not ignored: the warning says what will happen.
+RAISED_WHERE_READ = {"MESHFUSE_CPU_CODEGEN", "MESHFUSE_ATTENTION_MASK", "MESHFUSE_ATTENTION_BACKWARD_MASK"}
+
+
 def ignored_settings(environ):
     """[(name, value, what it takes)] for each variable of SETTINGS whose (non-empty) value means nothing."""
     out = []
@@ -101,5 +105,6 @@ def ignored_settings(environ):
 
 def warn_about_ignored_settings(environ=os.environ):
     for name, value, expected in ignored_settings(environ):
-        warnings.warn(f"{name}={value!r} is not a value meshfuse knows ({expected}); it is ignored (README lists "
+        fate = ("the execution that reads it will raise" if name in RAISED_WHERE_READ else "it is ignored")
+        warnings.warn(f"{name}={value!r} is not a value meshfuse knows ({expected}); {fate} (README lists "
                       f"the variables)", SettingWarning, stacklevel=3)
