@@ -151,13 +151,25 @@ class ReshardingPass {
     const DeviceMesh& src = *tv->deviceMesh();
     Sharding s = shardingOf(tv);
     if (src.shape() == mesh.shape()) {
-      if (s.isPartial()) {
-        Sharding resolved = s;
-        resolved.partial = {false, false, false};
-        tv = reshardSameMesh(tv, resolved);
-        s = resolved;
+      // What makes the data smaller happens on the source, before the send: a Partial dim is reduced
+      // (a reduce-scatter where the target shards that dim), a replicated dim the target shards is
+      // sliced. What makes it larger (a gather) is left to the destination, after the smaller send.
+      // (Sending a replicated tensor whole and slicing it there moved d times the data.)
+      Sharding before = s;
+      for (int d = 0; d < kMeshDims; ++d) {
+        if (s.partial[d]) {
+          before.partial[d] = false;
+          before.axis[d] = target.axis[d];
+        } else if (s.axis[d] < 0) {
+          before.axis[d] = target.axis[d];
+        }
       }
-      return emitSet(tv, mesh, s);  // SendRecv, device i of one mesh to device i of the other
+      if (!axesDistinct(before)) {  // an axis would be sharded twice: reduce only, as a plain move
+        before = s;
+        before.partial = {false, false, false};
+      }
+      if (!(before == s)) tv = reshardSameMesh(tv, before);
+      return emitSet(tv, mesh, before);  // SendRecv, device i of one mesh to device i of the other
     }
     if (mesh.size() == 1) {
       // Gather / Reduce onto a device of a 1-D source mesh, or a one-device copy. A root outside the

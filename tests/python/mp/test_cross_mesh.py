@@ -123,3 +123,32 @@ def test_a_set_whose_move_is_the_identity_is_a_copy_of_the_input():
         np.testing.assert_array_equal(x_in, FULL)
     else:
         assert out is None
+
+
+@pytest.mark.skipif(WORLD < 4, reason="two stages of two ranks")
+@pytest.mark.parametrize("partial", [False, True], ids=["replicated", "partial"])
+def test_a_stage_sends_only_the_blocks_the_next_one_shards(partial):
+    """Replicated (or Partial) on stage [0, 1], row-sharded on stage [2, 3]: the source slices (or
+    reduce-scatters) first and sends each device its block; it sent the whole tensor (after a full
+    allreduce), and the destination sliced it."""
+    source, target = DeviceMesh([0, 1]), DeviceMesh([2, 3])
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([8, 6], DataType.Float)
+        y = fd.ops.sum(x, [1], keepdim=True) if partial else fd.ops.set(x)
+        fd.add_output(y)
+        if partial:
+            shard(x, source, axis=1)   # a sum over the sharded columns: Partial on the source
+        else:
+            x.set_device_mesh(source)
+        shard(y, target, axis=0)
+    full = FULL[:8].repeat(2, axis=1)
+    (out,) = fd.execute([shard_tensor(full, x, RANK)])
+    want = full.astype(np.float64).sum(1, keepdims=True) if partial else full
+    (ys,) = fd.output_shardings()
+    if RANK in target:
+        np.testing.assert_allclose(out, shard_tensor(want, ys, RANK), rtol=1e-5, atol=1e-5)
+    else:
+        program = fd.host_ir()
+        first = "ReduceScatter" if partial else "LocalSlice"
+        assert first in program and program.index(first) < program.index("SendRecv"), program
+        assert "Allreduce" not in program, program
