@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "host_ir/fusion_executor.h"
@@ -39,7 +40,7 @@ void checkProgramsAgree(const std::vector<std::string>& lines, const std::vector
 void checkNewProgramAgrees(const Fusion* lowered, std::exception_ptr failure, const InputSignature& sig,
                            const MultiDeviceExecutorParams& params, Device device, std::chrono::milliseconds timeout);
 
-// FNV-1a, 64 bit: the same on every rank and build (std::hash is not).
-uint64_t fingerprintHash(const std::string& text, uint64_t seed = 1469598103934665603ull);
+// FNV-1a, 64 bit, over 8-byte words: the same on every rank and build (std::hash is not).
+uint64_t fingerprintHash(std::string_view bytes, uint64_t seed = 1469598103934665603ull);
 
 }  // namespace meshfuse

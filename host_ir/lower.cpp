@@ -468,6 +468,7 @@ void HostIrLower::lowerResharding(const Expr* e) {
   if (pm == cm) {
     if (!pm.has(rank)) return;
     if (const std::vector<ParallelType> dims = mergedAllreduceDims(ps, cs); !dims.empty()) {
+      // Partial along several dims: one allreduce over the team they span (resharding merged them).
       c.team = pm.team(rank, dims);
       if (c.team.size() == 1 && !lowering_stream_loop_) {
         local(Instruction::Kind::LocalCopy, -1, 1, 0);
@@ -475,41 +476,37 @@ void HostIrLower::lowerResharding(const Expr* e) {
       }
       c.op = partialOp(in);
       c.type = Communication::Type::Allreduce;
-      hic_->communications.push_back(c);
-      hic_->program.push_back(
-          Instruction{Instruction::Kind::PostCommunication, static_cast<int>(hic_->communications.size()) - 1});
-      open_pointwise_ = -1;
-      return;
-    }
-    int d = differingDim(ps, cs);
-    ParallelType p = meshParallelType(d);
-    c.team = pm.team(rank, p);
-    // Along a mesh dimension of size 1 every collective is the identity (one block, one summand):
-    // the result is the input, with no communication posted. (A stream loop keeps its
-    // communication: the loop is built around it.)
-    if (c.team.size() == 1 && !lowering_stream_loop_ && (ps.partial[d] || ps.axis[d] >= 0)) {
-      local(Instruction::Kind::LocalCopy, -1, 1, 0);
-      return;
-    }
-    if (ps.partial[d]) {
-      c.op = partialOp(in);
-      if (cs.axis[d] < 0) {
-        c.type = Communication::Type::Allreduce;
-      } else {
-        c.type = Communication::Type::ReduceScatter;
-        c.scattered_axis = cs.axis[d];
-      }
-    } else if (ps.axis[d] >= 0) {
-      c.gathered_axis = ps.axis[d];
-      if (cs.axis[d] < 0) {
-        c.type = Communication::Type::Allgather;
-      } else {
-        c.type = Communication::Type::AllToAll;
-        c.scattered_axis = cs.axis[d];
-      }
     } else {
-      local(Instruction::Kind::LocalSlice, cs.axis[d], pm.size(p), pm.coordinate(rank, p));
-      return;
+      int d = differingDim(ps, cs);
+      ParallelType p = meshParallelType(d);
+      c.team = pm.team(rank, p);
+      // Along a mesh dimension of size 1 every collective is the identity (one block, one summand):
+      // the result is the input, with no communication posted. (A stream loop keeps its
+      // communication: the loop is built around it.)
+      if (c.team.size() == 1 && !lowering_stream_loop_ && (ps.partial[d] || ps.axis[d] >= 0)) {
+        local(Instruction::Kind::LocalCopy, -1, 1, 0);
+        return;
+      }
+      if (ps.partial[d]) {
+        c.op = partialOp(in);
+        if (cs.axis[d] < 0) {
+          c.type = Communication::Type::Allreduce;
+        } else {
+          c.type = Communication::Type::ReduceScatter;
+          c.scattered_axis = cs.axis[d];
+        }
+      } else if (ps.axis[d] >= 0) {
+        c.gathered_axis = ps.axis[d];
+        if (cs.axis[d] < 0) {
+          c.type = Communication::Type::Allgather;
+        } else {
+          c.type = Communication::Type::AllToAll;
+          c.scattered_axis = cs.axis[d];
+        }
+      } else {
+        local(Instruction::Kind::LocalSlice, cs.axis[d], pm.size(p), pm.coordinate(rank, p));
+        return;
+      }
     }
   } else if (pm.shape() == cm.shape() && ps == cs) {
     int64_t mine_src = pm.indexOf(rank), mine_dst = cm.indexOf(rank);

@@ -132,15 +132,17 @@ class ReshardingPass {
 
   // A copy of `tv` with its mesh and sharding (a set that moves nothing: a pointwise copy).
   TensorView* copyOf(TensorView* tv) {
-    TensorView* copy = tv->hasDeviceMesh() ? newTv(tv, tv->dtype(), *tv->deviceMesh(), shardingOf(tv))
-                                           : out_->newTensor(tv->dtype(), tv->shape(), tv->contiguity());
+    if (tv->hasDeviceMesh()) return emitSet(tv, *tv->deviceMesh(), shardingOf(tv));
+    TensorView* copy = out_->newTensor(tv->dtype(), tv->shape(), tv->contiguity());
     out_->newExpr(OpType::Set, {tv}, {copy});
     return copy;
   }
 
-  // One set from `in` to a tensor on `mesh` with sharding `s` (a single change).
-  TensorView* emitSet(TensorView* in, const DeviceMesh& mesh, const Sharding& s) {
-    TensorView* out = newTv(in, in->dtype(), mesh, s);
+  // One set from `in` to a tensor on `mesh` with sharding `s` (a single change), of `dtype` where
+  // given (a set that changes only the dtype does not round inside a fused kernel).
+  TensorView* emitSet(TensorView* in, const DeviceMesh& mesh, const Sharding& s,
+                      std::optional<DataType> dtype = std::nullopt) {
+    TensorView* out = newTv(in, dtype.value_or(in->dtype()), mesh, s);
     out_->newExpr(OpType::Set, {in}, {out});
     return out;
   }
@@ -444,9 +446,7 @@ class ReshardingPass {
       // Back to the op's dtype by a set, not a cast: inside a fused kernel a Half value keeps float32
       // precision (a cast would round there, and a sum of squares over 65504 divided by N after it
       // would overflow); it is rounded where it is stored, as the unsharded reduction's result is.
-      TensorView* narrowed = newTv(result, e->out()->dtype(), *result->deviceMesh(), shardingOf(result));
-      out_->newExpr(OpType::Set, {result}, {narrowed});
-      result = narrowed;
+      result = emitSet(result, *result->deviceMesh(), shardingOf(result), e->out()->dtype());
     }
     return result;
   }

@@ -14,6 +14,7 @@ optimizer step keeps the ranks consistent.
 """
 import copy
 import dataclasses
+import functools
 
 import numpy as np
 import torch
@@ -28,9 +29,10 @@ _TORCH_DTYPE = {"Float": torch.float32, "Double": torch.float64, "BFloat16": tor
 _MESH_TYPES = (ParallelType.mesh_x, ParallelType.mesh_y, ParallelType.mesh_z)
 
 
-def _sum_over_mesh_dim(value, mesh, parallel, rank):
-    """The sum of `value` over the ranks of this rank's team along `parallel` (a meshfuse allreduce of
-    a [team size] vector sharded along that dim; every rank of the mesh calls it)."""
+@functools.lru_cache(maxsize=64)
+def _mesh_dim_sum(mesh, parallel):
+    """A [team size] vector sharded along `parallel`, summed: an allreduce over each team along that
+    dim. Defined once per (mesh, dim), so that clipping every step does not lower it again."""
     size = mesh.size_along(parallel)
     with FusionDefinition() as fd:
         slots = fd.define_tensor([size], DataType.Double)
@@ -38,7 +40,13 @@ def _sum_over_mesh_dim(value, mesh, parallel, rank):
         slots.set_device_mesh(mesh)
         slots.outer_split(0, size)
         slots.axis(0).parallelize(parallel)
-    return float(fd.execute([np.array([value], np.float64)])[0])
+    return fd
+
+
+def _sum_over_mesh_dim(value, mesh, parallel):
+    """The sum of `value` over the ranks of this rank's team along `parallel` (every rank of the mesh
+    calls it)."""
+    return float(_mesh_dim_sum(mesh, parallel).execute([np.array([value], np.float64)])[0])
 
 
 def _plain(t):
@@ -179,7 +187,7 @@ class TransformerLayer(torch.nn.Module):
         total = squares.pop(None, 0.0)
         for parallel in _MESH_TYPES:  # the same order on every rank: each is a collective over the mesh
             if self.mesh is not None and self.mesh.size_along(parallel) > 1 and self._shards_along(parallel):
-                total += _sum_over_mesh_dim(squares.get(parallel, 0.0), self.mesh, parallel, self.rank)
+                total += _sum_over_mesh_dim(squares.get(parallel, 0.0), self.mesh, parallel)
             else:  # along a dim of one device a shard is the whole gradient
                 total += squares.get(parallel, 0.0)
         norm = torch.tensor(total, dtype=torch.float64).sqrt()
