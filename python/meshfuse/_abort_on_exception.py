@@ -12,7 +12,8 @@ import sys
 
 def should_abort_on_exception(world_size, interactive, setting):
     """Whether an uncaught exception should end the job: a pure function, so tests can check it."""
-    if setting is not None and setting.strip() in ("0", "false", "no", "off"):
+    # Case-insensitive, as the C++ exit handler (communicator.cpp) and the settings check read it.
+    if setting is not None and setting.strip().lower() in ("0", "false", "no", "off"):
         return False
     return world_size > 1 and not interactive
 

@@ -73,7 +73,7 @@ class _LayerFunction(torch.autograd.Function):
         rng_offset = int(torch.randint(0, 2 ** 52, (1,)).item()) if layer.training else None
         outs = forward_fusion.execute([_plain(x)] + [_plain(p) for p in params], rng_offset=rng_offset)
         named = dict(zip(_tf.FORWARD_OUTPUTS, outs))
-        ctx.backward_fusion = backward_fusion
+        ctx.backward_fusion, ctx.layer = backward_fusion, layer
         arrays = {"x": x, **dict(zip(_tf.PARAMETERS, params)), **named}
         ctx.saved_names = [n for n in backward_fusion.input_names() if n in arrays]
         ctx.save_for_backward(*[arrays[n] for n in ctx.saved_names])
@@ -88,9 +88,13 @@ class _LayerFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         arrays = {n: _plain(t) for n, t in zip(ctx.saved_names, ctx.saved_tensors)}
         arrays["grad_out"] = _plain(grad_out)
-        inputs = [arrays.pop(n) for n in ctx.backward_fusion.input_names()]
-        grads = dict(zip(_tf.BACKWARD_OUTPUTS, ctx.backward_fusion.execute(inputs)))
-        return (None, grads["grad_x"]) + tuple(grads["grad_" + n] for n in _tf.PARAMETERS)
+        # Only the gradients torch asks for (needs_input_grad follows (layer, x, *params), the order of
+        # BACKWARD_OUTPUTS): a frozen parameter's GEMM and allreduce are left out of the fusion.
+        wanted = tuple(n for n, need in zip(_tf.BACKWARD_OUTPUTS, ctx.needs_input_grad[1:]) if need)
+        fusion = ctx.layer.backward_fusion_for(ctx.backward_fusion, wanted)
+        inputs = [arrays[n] for n in fusion.input_names()]
+        grads = dict(zip(fusion.output_names(), fusion.execute(inputs)))
+        return (None,) + tuple(grads.get(n) for n in _tf.BACKWARD_OUTPUTS)
 
 
 class TransformerLayer(torch.nn.Module):
@@ -111,7 +115,7 @@ class TransformerLayer(torch.nn.Module):
             raise ValueError(f"TransformerLayer: the mesh {self.mesh!r} must hold every rank of the world "
                              f"(0..{comm.size - 1}), once: mesh_for(schedule, world_size) gives one")
         self.forward_fusion, self.backward_fusion = self._make_fusions(cfg)
-        self._eval_fusions = None
+        self._eval_fusions, self._backward_subsets = None, {}
         self.forward_fusion._ensure_defined()
         self.last_forward = None
         dtype = _TORCH_DTYPE[cfg.dtype.name]
@@ -134,6 +138,19 @@ class TransformerLayer(torch.nn.Module):
                 dataclasses.replace(self.cfg, dropout_p=0.0, attention_dropout_p=0.0))
         return self._eval_fusions
 
+    def backward_fusion_for(self, backward_fusion, wanted):
+        """`backward_fusion` (this mode's) restricted to the gradients named in `wanted`, built once
+        per subset. Every rank must want the same ones (the same parameters frozen): the definitions
+        would differ otherwise, and execute says so on every rank."""
+        if wanted == backward_fusion.output_names():
+            return backward_fusion
+        key = (backward_fusion.cfg, wanted)
+        if key not in self._backward_subsets:
+            kwargs = {} if self.backend is None else {"backend_type": self.backend}
+            self._backward_subsets[key] = _tf.TransformerBackward(backward_fusion.cfg, self.mesh, self.schedule,
+                                                                   outputs=wanted, **kwargs)
+        return self._backward_subsets[key]
+
     def __deepcopy__(self, memo):
         """A copy with fusions of its own (theirs hold C++ objects that do not copy) and copies of
         the parameters (values, requires_grad) and mode, as copy.deepcopy of a torch module gives."""
@@ -150,7 +167,7 @@ class TransformerLayer(torch.nn.Module):
 
     # Pickling (torch.save(layer), multiprocessing): the fusions hold C++ objects that do not pickle,
     # and are rebuilt from the configuration, schedule and mesh on loading, as __deepcopy__ does.
-    _UNPICKLED = ("forward_fusion", "backward_fusion", "_eval_fusions", "last_forward")
+    _UNPICKLED = ("forward_fusion", "backward_fusion", "_eval_fusions", "_backward_subsets", "last_forward")
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in self._UNPICKLED}
@@ -163,7 +180,7 @@ class TransformerLayer(torch.nn.Module):
         self.__dict__.update(state)
         self.forward_fusion, self.backward_fusion = self._make_fusions(self.cfg)
         self.forward_fusion._ensure_defined()
-        self._eval_fusions, self.last_forward = None, None
+        self._eval_fusions, self._backward_subsets, self.last_forward = None, {}, None
 
     def clip_grad_norm_(self, max_norm):
         """torch.nn.utils.clip_grad_norm_ for the sharded layer: scales every gradient by

@@ -21,6 +21,8 @@ PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
         (2, False, "0", False),
         (2, False, " off ", False),
         (2, False, "false", False),
+        (2, False, " OFF ", False),  # read as the C++ exit handler reads it: case does not matter
+        (2, False, "No", False),
         (2, True, None, False),  # an interactive interpreter survives its exceptions
         (1, False, None, False),  # a world of one has nobody waiting
         (1, False, "1", False),

@@ -157,7 +157,9 @@ def test_torch_save_of_the_whole_layer_loads_a_working_layer(tmp_path):
     layer.eval()
     layer.fc2_bias.requires_grad_(False)
     torch.save(layer, tmp_path / "layer.pt")
-    loaded = torch.load(tmp_path / "layer.pt")
+    # The whole module is a Python object, not a collection of tensors: torch >= 2.6 loads such files
+    # only with weights_only=False (the state_dict below loads with torch's default).
+    loaded = torch.load(tmp_path / "layer.pt", weights_only=False)
     assert not loaded.training and not loaded.fc2_bias.requires_grad
     for name, param in layer.named_parameters():
         assert torch.equal(param, getattr(loaded, name)), name
@@ -166,6 +168,48 @@ def test_torch_save_of_the_whole_layer_loads_a_working_layer(tmp_path):
     loaded.train()
     loaded(x).sum().backward()
     assert loaded.fc1_weight.grad is not None and layer.fc1_weight.grad is None
+
+
+def test_state_dict_round_trip_loads_with_weights_only(tmp_path):
+    """The usual checkpoint: torch.save(layer.state_dict()) and load_state_dict into a fresh layer,
+    with torch.load's weights_only=True (the default since torch 2.6). The fresh layer computes what
+    the saved one does."""
+    layer, x = _layer_and_input()
+    layer.eval()
+    with torch.no_grad():
+        layer.fc1_weight.add_(0.25)
+    torch.save(layer.state_dict(), tmp_path / "state.pt")
+    fresh, _ = _layer_and_input()
+    fresh.eval()
+    fresh.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    with torch.no_grad():
+        np.testing.assert_array_equal(fresh(x).numpy(), layer(x).numpy())
+
+
+def test_frozen_parameters_get_no_gradient_and_no_work():
+    """Fine-tuning freezes some parameters: their gradients stay None, the others equal a fully
+    trainable layer's, and the backward fusion that ran left out the frozen weight's GEMM (it used
+    to compute, and under dp allreduce, every gradient and let torch drop the unwanted ones)."""
+    layer, x = _layer_and_input()
+    twin, _ = _layer_and_input()
+    layer.eval(), twin.eval()
+    layer(x).sum().backward()
+    for name in ("fc1_weight", "fc1_bias", "ln0_bias"):
+        getattr(twin, name).requires_grad_(False)
+    x2 = x.detach().clone().requires_grad_(True)
+    twin(x2).sum().backward()
+    for name, param in layer.named_parameters():
+        mine = getattr(twin, name)
+        if mine.requires_grad:
+            assert torch.equal(mine.grad, param.grad), name
+        else:
+            assert mine.grad is None, name
+    assert torch.equal(x2.grad, x.grad)
+    (fusion,) = twin._backward_subsets.values()
+    assert "grad_fc1_weight" not in fusion.output_names()
+    matmuls = [line for line in fusion.host_ir().splitlines() if line.split("(")[0].endswith("matmul")]
+    full = [line for line in layer.fusions()[1].host_ir().splitlines() if line.split("(")[0].endswith("matmul")]
+    assert len(matmuls) == len(full) - 1, fusion.host_ir()
 
 
 def test_loading_another_ranks_sharded_layer_is_an_error():

@@ -205,9 +205,22 @@ def _linear_backward(fd, dy, x, weight, cfg):
     return dx, dw, dbias
 
 
-def define_backward(fd, cfg):
+def _check_backward_outputs(outputs):
+    if outputs is None:
+        return BACKWARD_OUTPUTS
+    outputs = tuple(outputs)
+    unknown = [n for n in outputs if n not in BACKWARD_OUTPUTS]
+    if unknown or not outputs or len(set(outputs)) != len(outputs):
+        raise ValueError(f"backward outputs must be distinct names from {BACKWARD_OUTPUTS}, got {outputs!r}")
+    return tuple(n for n in BACKWARD_OUTPUTS if n in outputs)
+
+
+def define_backward(fd, cfg, outputs=None):
     """Appends the layer's backward to `fd`: inputs are the output gradient, the layer's input and
-    parameters, and the forward outputs it needs; outputs are BACKWARD_OUTPUTS in order."""
+    parameters, and the forward outputs it needs; outputs are `outputs` (default BACKWARD_OUTPUTS),
+    in BACKWARD_OUTPUTS' order. A gradient left out is not computed, nor reduced across ranks: only
+    outputs are scheduled, so a frozen parameter costs neither its GEMM nor its allreduce."""
+    outputs = _check_backward_outputs(outputs)
     cfg.check()
     fd.compute_dtype = cf = _compute_dtype(cfg)
     b, s, e = cfg.batch, cfg.sequence, cfg.hidden
@@ -268,7 +281,8 @@ def define_backward(fd, cfg):
     for name in BACKWARD_OUTPUTS:
         if name != "grad_x" and grad[name].dtype != dt and name.endswith(("weight", "bias")):
             grad[name] = _to_dtype(fd, grad[name], dt)
-        fd.add_output(grad[name])
+        if name in outputs:
+            fd.add_output(grad[name])
     tv.update(grad)
     return tv
 
@@ -449,16 +463,21 @@ class TransformerForward(FusionDefinition):
 
 
 class TransformerBackward(FusionDefinition):
-    """The layer's backward; its inputs are named by input_names()."""
+    """The layer's backward; its inputs are named by input_names(), its outputs by output_names()
+    (`outputs`, default all of BACKWARD_OUTPUTS: the gradients wanted, e.g. none of frozen parameters)."""
 
-    def __init__(self, cfg, mesh=None, schedule="none", **kwargs):
+    def __init__(self, cfg, mesh=None, schedule="none", outputs=None, **kwargs):
         _check_layer(cfg, mesh, schedule)
+        self._output_names = _check_backward_outputs(outputs)
         super().__init__(**kwargs)
         self.cfg, self.mesh, self.schedule = cfg, mesh, schedule
         self.tensors = {}
 
     def definition(self):
-        self.tensors = define_backward(self, self.cfg)
+        self.tensors = define_backward(self, self.cfg, self._output_names)
+
+    def output_names(self):
+        return self._output_names
 
     def multidevice_schedule(self):
         apply_schedule(self.tensors, self.cfg, self.mesh, self.schedule, backward=True)

@@ -183,3 +183,43 @@ def test_backward_takes_the_forward_outputs_on_a_sub_mesh():
         want = shard_tensor(g[name], bwd.tensors[name[len("grad_"):]], RANK)
         np.testing.assert_allclose(grads[name], want, rtol=1e-3, atol=1e-3 * np.abs(g[name]).max(),
                                    err_msg=f"rank {RANK}: {name}")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_backward_without_frozen_gradients_computes_and_reduces_only_the_rest(schedule):
+    # Frozen parameters (fine-tuning) need no gradient: a backward whose outputs leave them out
+    # posts no allreduce for them over dp and runs none of their GEMMs, and the gradients it does
+    # compute equal the full backward's, on every rank.
+    cfg = config(schedule)
+    mesh = mesh_for(schedule, WORLD)
+    frozen = ("grad_ln0_weight", "grad_ln0_bias", "grad_fc1_weight", "grad_fc1_bias")
+    wanted = tuple(n for n in BACKWARD_OUTPUTS if n not in frozen)
+    fwd = TransformerForward(cfg, mesh, schedule)
+    full, part = TransformerBackward(cfg, mesh, schedule), TransformerBackward(cfg, mesh, schedule, outputs=wanted)
+    assert part.output_names() == wanted
+    arrays = global_inputs(cfg)
+    outs = dict(zip(FORWARD_OUTPUTS, fwd.execute(shard_inputs(fwd, arrays, RANK))))
+    local = {n: outs[n] if n in outs else shard_tensor(arrays[n], full.tensors[n], RANK)
+             for n in full.input_names()}
+    every = dict(zip(BACKWARD_OUTPUTS, full.execute([local[n] for n in full.input_names()])))
+    some = dict(zip(wanted, part.execute([local[n] for n in part.input_names()])))
+    for name in wanted:
+        np.testing.assert_array_equal(some[name], every[name], err_msg=f"rank {RANK}: {name}")
+
+    def count(fd, kind):
+        return sum(1 for line in fd.host_ir().splitlines() if kind in line.split("(")[0])
+    assert count(part, "matmul") == count(full, "matmul") - 1, part.host_ir()  # fc1's weight gradient
+    if schedule == "dp_tp":  # one allreduce over dp per parameter gradient computed
+        dp_team = mesh.team(RANK, ParallelType.mesh_y)
+        assert teams(part).count(dp_team) == teams(full).count(dp_team) - len(frozen), part.host_ir()
+    elif schedule == "sp":
+        # ln0's weight and bias gradients are no longer summed over the sequence shards, and ln1's
+        # output is no longer gathered for fc1's weight gradient.
+        expected = sorted(communications(full))
+        for kind in ("Allreduce", "Allreduce", "Allgather"):
+            expected.remove(kind)
+        assert sorted(communications(part)) == expected, part.host_ir()
+    else:  # tp: the input gradients' allreduces remain, as every gradient still needs them
+        assert communications(part) == communications(full), part.host_ir()
+    with pytest.raises(ValueError, match="distinct names"):
+        TransformerBackward(cfg, mesh, schedule, outputs=("grad_bogus",))
