@@ -79,8 +79,13 @@ void checkMaxesHaveElements(const Fusion& fusion, const ShapeMap& local) {
   }
 }
 
+// The reduction a Partial tensor waits for: its producer's, read back through the views and sets
+// a Partial passes through (resharding's passesPartial) to the op that made it Partial.
 ReduceOp partialOp(const TensorView* partial) {
   const Expr* def = partial->definition();
+  while (def && (def->op() == OpType::Reshape || def->op() == OpType::Permute || def->op() == OpType::Set) &&
+         def->inputTv(0)->definition())
+    def = def->inputTv(0)->definition();
   return def && def->op() == OpType::ReduceMax ? ReduceOp::Max : ReduceOp::Sum;
 }
 }  // namespace

@@ -410,38 +410,31 @@ class ReshardingPass {
       const Expr* add = biasAdd(reduced, bias);
       return lowerCompute(add, {reduced, bias}, mesh, resolved);
     }
-    // Only sums wait: a max's reduction op is read off its producer when the communication is
-    // lowered (which a view in between would hide), and a mean is scaled after its reduction.
-    const bool sum = e->op() != OpType::ReduceMax && e->op() != OpType::Mean;
-    const bool waits = sum && compute_mesh == mesh && compute.isPartial() && partialCanWait(e->out());
     // A Half or BFloat16 sum or mean over a sharded axis: each rank's partial sum in float32, reduced
     // across ranks in float32 and rounded once after. Rounded before the allreduce, a LayerNorm's sum
     // of squares overflowed Half (inf variance, zero output) and its mean lost digits that the
     // unsharded fused kernel, which keeps float32, does not.
-    const bool widened = !waits && compute.isPartial() && (e->op() == OpType::Sum || e->op() == OpType::Mean) &&
-                         (e->out()->dtype() == DataType::Half || e->out()->dtype() == DataType::BFloat16);
+    const bool sixteen_bit_sum = (e->op() == OpType::Sum || e->op() == OpType::Mean) &&
+                                 (e->out()->dtype() == DataType::Half || e->out()->dtype() == DataType::BFloat16);
+    // A Partial result waits through views for the tensor that reshards it (a max's reduction op is
+    // read back through them: partialOp). A 16-bit sum does not: it is widened instead.
+    const bool waits = !sixteen_bit_sum && compute_mesh == mesh && compute.isPartial() && partialCanWait(e->out());
+    const bool widened = !waits && compute.isPartial() && sixteen_bit_sum;
     TensorView* result =
         lowerPiece(e, e->op(), inputs, compute_mesh, compute, widened ? std::optional(DataType::Float) : std::nullopt);
     Sharding final_target = target.value_or(Sharding{});
     if (!target) {
       for (int d = 0; d < kMeshDims; ++d) final_target.axis[d] = compute.partial[d] ? -1 : compute.axis[d];
     }
-    if (waits && result->deviceMesh() == mesh && shardingOf(result).isPartial())
+    const bool waiting = waits && result->deviceMesh() == mesh && shardingOf(result).isPartial();
+    // Shards are equal, so a mean is the average of the local means: their sum over the parts, / parts.
+    // A waiting mean is scaled before it waits, so that what reaches the resharding is a plain sum.
+    if (e->op() == OpType::Mean && waiting) return scaledMean(result, compute, compute_mesh);
+    if (waiting)
       return result;  // reduced at the annotated tensor it flows into (a reduce-scatter where that is sharded)
     if (result->deviceMesh() != mesh || !(shardingOf(result) == final_target))
       result = reshard(result, mesh, final_target);
-    if (e->op() == OpType::Mean) {
-      // Shards are equal, so the mean is the average of the local means: their sum over d devices, / d.
-      int64_t parts = 1;
-      for (int d = 0; d < kMeshDims; ++d)
-        if (compute.partial[d]) parts *= compute_mesh.size(meshParallelType(d));
-      if (parts > 1) {
-        Scalar* inv = out_->newScalar(DataType::Double, 1.0 / static_cast<double>(parts));
-        TensorView* scaled = newTv(result, result->dtype(), *result->deviceMesh(), shardingOf(result));
-        out_->newExpr(OpType::Mul, {result, inv}, {scaled});
-        result = scaled;
-      }
-    }
+    if (e->op() == OpType::Mean) result = scaledMean(result, compute, compute_mesh);
     if (widened) {
       // Back to the op's dtype by a set, not a cast: inside a fused kernel a Half value keeps float32
       // precision (a cast would round there, and a sum of squares over 65504 divided by N after it
@@ -449,6 +442,18 @@ class ReshardingPass {
       result = emitSet(result, *result->deviceMesh(), shardingOf(result), e->out()->dtype());
     }
     return result;
+  }
+
+  // `mean` / parts, where parts is the number of devices its Partial mesh dimensions span.
+  TensorView* scaledMean(TensorView* mean, const Sharding& compute, const DeviceMesh& compute_mesh) {
+    int64_t parts = 1;
+    for (int d = 0; d < kMeshDims; ++d)
+      if (compute.partial[d]) parts *= compute_mesh.size(meshParallelType(d));
+    if (parts == 1) return mean;
+    Scalar* inv = out_->newScalar(DataType::Double, 1.0 / static_cast<double>(parts));
+    TensorView* scaled = newTv(mean, mean->dtype(), *mean->deviceMesh(), shardingOf(mean));
+    out_->newExpr(OpType::Mul, {mean, inv}, {scaled});
+    return scaled;
   }
 
   // An add expr in a scratch fusion used only to describe axis mappings for the bias add.

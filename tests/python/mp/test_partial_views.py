@@ -82,8 +82,8 @@ def test_partial_view_returned_is_allreduced():
 
 
 def test_partial_max_reshaped_then_annotated_is_reduced_with_max():
-    """A max over the sharded axis is Partial too, but only sums wait through views: a view would
-    hide the max from the communication, which would then add the shards' maxima."""
+    """A max over the sharded axis is Partial too: its communication reads the max back through
+    the view (it once added the shards' maxima when a view hid the max)."""
     with FusionDefinition() as fd:
         a = fd.define_tensor([M, K], DataType.Float)
         y = fd.ops.reshape(fd.ops.max(a, [1]), [2, M // 2])
@@ -95,3 +95,54 @@ def test_partial_max_reshaped_then_annotated_is_reduced_with_max():
     (result,) = fd.execute([A[:, RANK * k:(RANK + 1) * k]])
     assert communications(fd) == ["Allreduce"], fd.host_ir()
     np.testing.assert_array_equal(result, A.max(axis=1).reshape(2, M // 2))
+
+
+def _reduced_reshaped_then_sharded(reduce):
+    """`reduce(fd, a)` over a's sharded axis 1, reshaped to [2, M/2] and wanted sharded on axis 1."""
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([M, K], DataType.Float)
+        z = fd.ops.set(fd.ops.reshape(reduce(fd, a), [2, M // 2]))
+        fd.add_output(z)
+        shard(a, 1)
+        shard(z, 1)
+    k = K // WORLD
+    (result,) = fd.execute([A[:, RANK * k:(RANK + 1) * k]])
+    rows = M // 2 // WORLD
+    return fd, result, (slice(None), slice(RANK * rows, (RANK + 1) * rows))
+
+
+def test_partial_max_reshaped_then_sharded_is_reduce_scattered_with_max():
+    # It was allreduced whole and sliced: only sums waited through views for their resharding.
+    fd, result, mine = _reduced_reshaped_then_sharded(lambda fd, a: fd.ops.max(a, [1]))
+    assert communications(fd) == ["ReduceScatter"], fd.host_ir()
+    np.testing.assert_array_equal(result, A.max(axis=1).reshape(2, M // 2)[mine])
+
+
+def test_partial_mean_reshaped_then_sharded_is_scaled_then_reduce_scattered():
+    # Each rank's mean over its K/d columns is divided by d before it waits, so the reduce-scatter's
+    # sum is the global mean.
+    fd, result, mine = _reduced_reshaped_then_sharded(lambda fd, a: fd.ops.mean(a, [1]))
+    assert communications(fd) == ["ReduceScatter"], fd.host_ir()
+    np.testing.assert_allclose(result, A.astype(np.float64).mean(axis=1).reshape(2, M // 2)[mine], rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_half_sum_reshaped_then_sharded_is_widened_not_left_waiting():
+    # A 16-bit sum's partials travel in float32 (overflow and rounding otherwise): it does not wait in
+    # Half through the view, and the result equals the float64 sum rounded once.
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([M, K], DataType.Half)
+        z = fd.ops.set(fd.ops.reshape(fd.ops.sum(a, [1]), [2, M // 2]))
+        fd.add_output(z)
+        shard(a, 1)
+        shard(z, 1)
+    k = K // WORLD
+    # The first half of the columns near +30000, the second near -30000: each rank's three columns sum
+    # past Half's 65504, while the whole row's sum is small.
+    sign = np.where(np.arange(K) < K // 2, 1.0, -1.0)
+    big = (sign * 30000 + A * 100).astype(np.float16)
+    (result,) = fd.execute([big[:, RANK * k:(RANK + 1) * k]])
+    rows = M // 2 // WORLD
+    want = big.astype(np.float64).sum(axis=1).reshape(2, M // 2)[:, RANK * rows:(RANK + 1) * rows]
+    assert result.dtype == np.float16 and np.all(np.abs(want) < 60000)
+    np.testing.assert_array_equal(result, want.astype(np.float16))
