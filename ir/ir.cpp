@@ -30,11 +30,23 @@ bool TensorView::isContiguous() const {
   return std::all_of(contiguity_.begin(), contiguity_.end(), [](bool c) { return c; });
 }
 
+// nvFuser keeps a reduction's reduced axes in its output's loop domain ([M, N, r{K}] for a matmul);
+// meshfuse's loop domains hold only the logical axes, so an index ported from nvFuser can land one
+// axis off (or out of range) on a reduction's output. Said where that error can come from.
+std::string TensorView::loopDomainHint() const {
+  const Expr* def = definition();
+  if (def == nullptr) return "";
+  const OpType op = def->op();
+  if (!isReduction(op) && op != OpType::Matmul && op != OpType::Linear) return "";
+  return " (" + name() + " is a " + toString(op) +
+         "'s result: its loop domain has no reduced axes, unlike nvFuser's; see docs/nvfuser.md)";
+}
+
 void TensorView::split(int64_t loop_axis, int64_t factor, bool inner_split) {
   if (loop_axis < 0) loop_axis += static_cast<int64_t>(loop_.size());
   if (loop_axis < 0 || loop_axis >= static_cast<int64_t>(loop_.size()))
     throw UserError(name() + ": split of axis " + std::to_string(loop_axis) + " but the loop domain has " +
-                    std::to_string(loop_.size()) + " axes");
+                    std::to_string(loop_.size()) + " axes" + loopDomainHint());
   if (factor <= 0) throw UserError(name() + ": split factor must be positive, got " + std::to_string(factor));
   LoopAxis& a = loop_[loop_axis];
   // A whole axis can be split, and so can the inner part of a first split (e.g. the device-local
@@ -68,7 +80,7 @@ void TensorView::parallelize(int64_t loop_axis, ParallelType p) {
   if (loop_axis < 0) loop_axis += static_cast<int64_t>(loop_.size());
   if (loop_axis < 0 || loop_axis >= static_cast<int64_t>(loop_.size()))
     throw UserError(name() + ": axis(" + std::to_string(loop_axis) + ") but the loop domain has " +
-                    std::to_string(loop_.size()) + " axes");
+                    std::to_string(loop_.size()) + " axes" + loopDomainHint());
   LoopAxis& a = loop_[loop_axis];
   if (p != ParallelType::Serial) {
     if (a.part == LoopAxis::Part::Inner)
@@ -77,7 +89,8 @@ void TensorView::parallelize(int64_t loop_axis, ParallelType p) {
     if (isMeshParallel(p) && a.level > 0)
       throw UserError(name() + ": a mesh dimension must parallelize a first-level split of a logical axis");
     for (const LoopAxis& other : loop_)
-      if (&other != &a && other.parallel == p) throw UserError(name() + ": two axes parallelized on " + toString(p));
+      if (&other != &a && other.parallel == p)
+        throw UserError(name() + ": two axes parallelized on " + toString(p) + loopDomainHint());
   }
   a.parallel = p;
   scheduleChanged();

@@ -113,6 +113,9 @@ class TensorView : public Val {
   int64_t streamChunks(int64_t logical_extent) const;
   bool isSharded() const;
   std::string loopToString() const;
+  // For errors about loop axes on a reduction's result: that its loop domain has no reduced axes,
+  // unlike nvFuser's (empty for other tensors).
+  std::string loopDomainHint() const;
   // A Partial tensor along a mesh dimension holds, on each device of that dimension, a summand
   // (or max/min operand) of the value: set by resharding insertion, never by users.
   void setPartial(ParallelType p, bool partial) {

@@ -71,7 +71,7 @@ LoopAxisRef axisOf(TensorView* tv, int64_t i) {
   int64_t index = i < 0 ? i + n : i;
   if (index < 0 || index >= n)
     throw UserError(tv->name() + ": axis(" + std::to_string(i) + ") but the loop domain " + tv->loopToString() +
-                    " has " + std::to_string(n) + " axes");
+                    " has " + std::to_string(n) + " axes" + tv->loopDomainHint());
   return {tv, index, fusionObject(tv)};
 }
 

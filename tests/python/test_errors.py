@@ -492,3 +492,28 @@ def test_a_whole_axis_on_the_mesh_is_one_clear_error_everywhere():
             fd.execute([np.zeros((rows, 8), np.float32)])
     with pytest.raises(ValueError, match=r"shard_tensor: T0 axis 0 \(extent 8\) is parallelized whole on mesh_x"):
         shard_tensor(np.zeros((8, 8), np.float32), x, 0)
+
+
+def test_an_nvfuser_index_past_a_reductions_loop_domain_says_why():
+    """nvFuser's loop domain of sum(x, [0]) keeps r{a} ([r{a}, b, c]); meshfuse's is [b, c]. A ported
+    out.outer_split(1, d) is out of range here, and a ported matmul schedule that lands a second axis
+    on mesh_x: both errors say it is the reduced axes (docs/nvfuser.md)."""
+    hint = r"is a (sum|matmul)'s result: its loop domain has no reduced axes, unlike nvFuser's; see docs/nvfuser.md"
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2, 4, 6])
+        total = fd.ops.sum(x, [0, 1])
+        with pytest.raises(ValueError, match=r"split of axis 1 but the loop domain has 1 axes \(T\d+ " + hint):
+            total.outer_split(1, 2)
+        with pytest.raises(ValueError, match=r"axis\(2\) but the loop domain \[\w+\] has 1 axes \(T\d+ " + hint):
+            total.axis(2)
+        a, b = fd.define_tensor([4, 6]), fd.define_tensor([6, 8])
+        out = fd.ops.matmul(a, b)
+        out.outer_split(0, 2)
+        out.axis(0).parallelize(ParallelType.mesh_x)
+        out.outer_split(2, 2)
+        with pytest.raises(ValueError, match=r"two axes parallelized on mesh_x \(T\d+ " + hint):
+            out.axis(2).parallelize(ParallelType.mesh_x)
+        plain = fd.ops.neg(x)
+        with pytest.raises(ValueError, match=r"loop domain has 3 axes$"):
+            plain.outer_split(3, 2)
+        fd.add_output(total)

@@ -206,9 +206,52 @@ def test_reduced_axes_by_nvfusers_keyword_dims_or_by_axes(rng, name):
     for kwargs in ({"dims": [1]}, {"axes": [1]}, {"dims": -1}):
         (out,) = run_fusion(lambda fd, t: getattr(fd.ops, name)(t, keepdim=True, **kwargs), x)
         _assert_close(out, reference, np.float64)
-    for kwargs, what in (({}, "neither"), ({"dims": [0], "axes": [0]}, "both")):
-        with pytest.raises(TypeError, match=f"{name}: give the reduced axes once.*{what}"):
-            run_fusion(lambda fd, t: getattr(fd.ops, name)(t, **kwargs), x)
+    with pytest.raises(TypeError, match=f"{name}: give the reduced axes once.*both"):
+        run_fusion(lambda fd, t: getattr(fd.ops, name)(t, dims=[0], axes=[0]), x)
+
+
+@pytest.mark.parametrize("name", ["sum", "max", "mean"])
+def test_a_reduction_without_dims_reduces_every_axis(rng, name):
+    # nvFuser's fd.ops.sum(x) and numpy's x.sum(): it used to be a TypeError ("got neither").
+    x = random_array(rng, (3, 4, 2), np.float64)
+    (out,) = run_fusion(lambda fd, t: getattr(fd.ops, name)(t), x)
+    _assert_close(out, getattr(np, name)(x), np.float64)
+    (out,) = run_fusion(lambda fd, t: getattr(fd.ops, name)(t, keepdim=True), x)
+    _assert_close(out, getattr(np, name)(x, keepdims=True), np.float64)
+
+
+def test_squeeze_broadcast_and_expand_as_nvfuser_writes_them(rng):
+    x = random_array(rng, (3, 1, 4), np.float32)
+    (out,) = run_fusion(lambda fd, t: fd.ops.squeeze(t, [1]), x, symbolic=False)
+    np.testing.assert_array_equal(out, x[:, 0, :])
+    (out,) = run_fusion(lambda fd, t: fd.ops.squeeze(t, -2), x, symbolic=False)
+    assert out.shape == (3, 4)
+    with pytest.raises(ValueError, match=r"squeeze: .*defined as 1, not -1"):
+        run_fusion(lambda fd, t: fd.ops.squeeze(t, [1]), x)
+    y = random_array(rng, (3, 4), np.float32)
+    (out,) = run_fusion(lambda fd, t: fd.ops.broadcast(t, [True, False, True, False]), y)
+    np.testing.assert_array_equal(out, y[None, :, None, :])
+    (out,) = run_fusion(lambda fd, t: fd.ops.expand(t, [3, 5, -1]), x)
+    np.testing.assert_array_equal(out, np.broadcast_to(x, (3, 5, 4)))
+    with pytest.raises(ValueError, match="squeeze: .*extent 1"):
+        run_fusion(lambda fd, t: fd.ops.squeeze(t, [0]), x, symbolic=False)
+    with pytest.raises(ValueError, match="broadcast: .*False entries"):
+        run_fusion(lambda fd, t: fd.ops.broadcast(t, [True, False]), y)
+    with pytest.raises(ValueError, match="expand: shape"):
+        run_fusion(lambda fd, t: fd.ops.expand(t, [3, 4]), x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_clamp_matches_numpy_and_keeps_nan(rng, dtype):
+    x = random_array(rng, (5, 6), dtype)
+    x[0, 0] = np.nan
+    (out,) = run_fusion(lambda fd, t: fd.ops.clamp(t, -0.5, 0.25), x)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, np.clip(x, dtype(-0.5), dtype(0.25)))
+    (out,) = run_fusion(lambda fd, t: fd.ops.clamp(t, max=0.0), x)
+    np.testing.assert_array_equal(out, np.minimum(x, dtype(0.0)))
+    with pytest.raises(ValueError, match="clamp: give min"):
+        run_fusion(lambda fd, t: fd.ops.clamp(t), x)
 
 
 @pytest.mark.parametrize("in_shape,out_shape,dims", [
