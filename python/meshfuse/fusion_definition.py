@@ -319,21 +319,76 @@ class _Ops:
         return [int(axes)] if hasattr(axes, "__index__") else _int_list(axes, "axes")
 
     @classmethod
-    def _reduced_axes(cls, op, dims, axes):
+    def _reduced_axes(cls, op, x, dims, axes):
         # `dims` is nvFuser's keyword (fd.ops.sum(x, dims=[1])), `axes` this API's first name for it.
-        if (dims is None) == (axes is None):
-            raise TypeError(f"{op}: give the reduced axes once, as dims (or axes), got "
-                            f"{'neither' if dims is None else 'both'}")
+        # Neither reduces every axis, as nvFuser's fd.ops.sum(x) and numpy's x.sum() do.
+        if dims is not None and axes is not None:
+            raise TypeError(f"{op}: give the reduced axes once, as dims (or axes), got both")
+        if dims is None and axes is None:
+            return list(range(x.ndim))
         return cls._axes(dims if axes is None else axes)
 
     def sum(self, x, dims=None, keepdim=False, *, axes=None):
-        return _C.ops.sum(self._tensor(x, "sum"), self._reduced_axes("sum", dims, axes), bool(keepdim))
+        """The sum over `dims` (every axis when none are given)."""
+        x = self._tensor(x, "sum")
+        return _C.ops.sum(x, self._reduced_axes("sum", x, dims, axes), bool(keepdim))
 
     def max(self, x, dims=None, keepdim=False, *, axes=None):
-        return _C.ops.max(self._tensor(x, "max"), self._reduced_axes("max", dims, axes), bool(keepdim))
+        """The maximum over `dims` (every axis when none are given)."""
+        x = self._tensor(x, "max")
+        return _C.ops.max(x, self._reduced_axes("max", x, dims, axes), bool(keepdim))
 
     def mean(self, x, dims=None, keepdim=False, *, axes=None):
-        return _C.ops.mean(self._tensor(x, "mean"), self._reduced_axes("mean", dims, axes), bool(keepdim))
+        """The mean over `dims` (every axis when none are given)."""
+        x = self._tensor(x, "mean")
+        return _C.ops.mean(x, self._reduced_axes("mean", x, dims, axes), bool(keepdim))
+
+    # nvFuser's shape ops, written with broadcast_in_dim and reshape (so they shard as those do).
+    def squeeze(self, x, dims):
+        """x without the axes `dims`, each of extent 1 (nvFuser's fd.ops.squeeze)."""
+        x = self._tensor(x, "squeeze")
+        gone = {d + x.ndim if d < 0 else d for d in self._axes(dims)}
+        bad = [d for d in sorted(gone) if not 0 <= d < x.ndim or x.shape[d] != 1]
+        if bad:  # a symbolic (-1) extent is not known to be 1: nvFuser squeezes broadcast axes, defined as 1
+            raise ValueError(f"squeeze: {x.name} of shape {list(x.shape)}: dims must name axes of extent 1 "
+                             f"(defined as 1, not -1), got {self._axes(dims)}")
+        return _C.ops.reshape(x, [e for i, e in enumerate(x.shape) if i not in gone])
+
+    def broadcast(self, x, is_broadcast_dim):
+        """x with a new axis of extent 1 wherever is_broadcast_dim is True (nvFuser's fd.ops.broadcast);
+        its own axes fill the other places, in order."""
+        x = self._tensor(x, "broadcast")
+        flags = [bool(f) for f in is_broadcast_dim]
+        if sum(not f for f in flags) != x.ndim:
+            raise ValueError(f"broadcast: is_broadcast_dim {flags} has {sum(not f for f in flags)} False entries, "
+                             f"but {x.name} has {x.ndim} axes")
+        kept = [i for i, f in enumerate(flags) if not f]
+        shape = [1] * len(flags)
+        for axis, i in enumerate(kept):
+            shape[i] = x.shape[axis]
+        return _C.ops.broadcast_in_dim(x, shape, kept)
+
+    def expand(self, x, shape):
+        """x broadcast to `shape` of the same rank: an axis of extent 1 may take any extent, -1 keeps
+        an axis (nvFuser's fd.ops.expand)."""
+        x = self._tensor(x, "expand")
+        shape = _int_list(shape, "expand: shape")
+        if len(shape) != x.ndim:
+            raise ValueError(f"expand: shape {shape} must have {x.ndim} axes, as {x.name} does")
+        target = [x.shape[i] if e == -1 else e for i, e in enumerate(shape)]
+        return _C.ops.broadcast_in_dim(x, target, list(range(x.ndim)))
+
+    def clamp(self, x, min=None, max=None):  # noqa: A002 (torch's and nvFuser's names)
+        """x limited to [min, max] (either may be None), as torch.clamp: NaN stays NaN."""
+        x = self._tensor(x, "clamp")
+        if min is None and max is None:
+            raise ValueError("clamp: give min, max or both")
+        out = x
+        if min is not None:
+            out = self.where(self.lt(out, min), min, out)
+        if max is not None:
+            out = self.where(self.gt(out, max), max, out)
+        return out
 
     def broadcast_in_dim(self, x, shape, broadcast_dims):
         """x with its axis i placed at output axis broadcast_dims[i] of `shape` (as nvFuser/XLA)."""
@@ -676,6 +731,19 @@ class FusionDefinition:
         if not 0 <= int(rng_offset) < 2 ** 53:
             raise ValueError(f"execute: rng_offset must be in [0, 2**53), got {int(rng_offset)}")
         return int(rng_offset)
+
+    def report_error(self, error):
+        """For a wrapper that checks its own arguments before execute() (meshfuse.torch's layer): tells
+        the other ranks, waiting in this fusion's execute(), that this rank failed `error` (a TypeError
+        or ValueError), so that they raise it too instead of waiting out the timeout. Returns; the
+        caller raises `error` itself. A collective step: call it where this rank would have executed."""
+        if not isinstance(error, (TypeError, ValueError)):
+            raise TypeError(f"report_error: error must be a TypeError or ValueError, got {type(error).__name__}")
+        self._ensure_defined()
+        with self._lock:
+            if self._cache is None:
+                self._cache = _C.FusionExecutorCache(self._fusion)
+            self._fail_other_ranks(error, self._params)
 
     def _fail_other_ranks(self, error, params):
         """The other ranks wait in execute() for this rank's inputs: tell them this rank's were bad, so

@@ -71,14 +71,25 @@ class _LayerFunction(torch.autograd.Function):
         # same elements as the forward it replays (meshfuse's own counter would draw new masks, and
         # the gradients would be those of another forward). Ranks agree on the largest offset.
         rng_offset = int(torch.randint(0, 2 ** 52, (1,)).item()) if layer.training else None
-        outs = forward_fusion.execute([_plain(x)] + [_plain(p) for p in params], rng_offset=rng_offset)
+        try:
+            outs = forward_fusion.execute([_plain(x)] + [_plain(p) for p in params], rng_offset=rng_offset)
+        except ValueError as error:  # raised on every rank alike: so is the hint
+            if "(input 0, x) axis" in str(error) and "expected extent" in str(error):
+                raise ValueError(f"{error} (TransformerConfig's batch={layer.cfg.batch} and sequence="
+                                 f"{layer.cfg.sequence} fix the layer's input shape: a batch of another size, the "
+                                 f"last partial one of a DataLoader say, needs drop_last=True or a layer for it)") \
+                    from None
+            raise
         named = dict(zip(_tf.FORWARD_OUTPUTS, outs))
         ctx.backward_fusion, ctx.layer = backward_fusion, layer
         arrays = {"x": x, **dict(zip(_tf.PARAMETERS, params)), **named}
         ctx.saved_names = [n for n in backward_fusion.input_names() if n in arrays]
         ctx.save_for_backward(*[arrays[n] for n in ctx.saved_names])
-        # Detached: the output that autograd tracks (and its graph) is not kept alive by the layer.
-        layer.last_forward = {n: t.detach() for n, t in named.items()}
+        # Only on request (keep_last_forward): every activation of the layer, kept past the step, would
+        # defeat activation checkpointing and hold memory in inference. Detached: the output that
+        # autograd tracks (and its graph) is not kept alive by the layer.
+        if layer.keep_last_forward:
+            layer.last_forward = {n: t.detach() for n, t in named.items()}
         return named["out"]
 
     # The backward fusion is not itself differentiated: a double backward (a gradient penalty, say)
@@ -93,7 +104,14 @@ class _LayerFunction(torch.autograd.Function):
         wanted = tuple(n for n, need in zip(_tf.BACKWARD_OUTPUTS, ctx.needs_input_grad[1:]) if need)
         fusion = ctx.layer.backward_fusion_for(ctx.backward_fusion, wanted)
         inputs = [arrays[n] for n in fusion.input_names()]
-        grads = dict(zip(fusion.output_names(), fusion.execute(inputs)))
+        try:
+            grads = dict(zip(fusion.output_names(), fusion.execute(inputs)))
+        except ValueError as error:
+            if "definitions differ" not in str(error):
+                raise
+            raise ValueError(f"TransformerLayer: the ranks want different gradients (this rank: {list(wanted)}): "
+                             f"x's requires_grad and the frozen parameters must be the same on every rank, as "
+                             f"their backward is one collective program. {error}") from None
         return (None,) + tuple(grads.get(n) for n in _tf.BACKWARD_OUTPUTS)
 
 
@@ -103,8 +121,11 @@ class TransformerLayer(torch.nn.Module):
     In evaluation mode (`layer.eval()`) it drops nothing: it runs a second pair of fusions, built on
     first use, whose dropout probabilities are 0 (the masks it returns then keep everything)."""
 
-    def __init__(self, cfg, schedule="none", mesh=None, init_seed=0, backend=None):
+    def __init__(self, cfg, schedule="none", mesh=None, init_seed=0, backend=None, keep_last_forward=False):
         super().__init__()
+        # keep_last_forward: keep the last forward's outputs (activations, dropout masks) in
+        # layer.last_forward, for inspection; off by default, as torch modules keep nothing.
+        self.keep_last_forward = bool(keep_last_forward)
         comm = Communicator.instance()
         self.cfg, self.schedule, self.rank, self.backend = cfg, schedule, comm.rank, backend
         self.mesh = mesh if mesh is not None or schedule == "none" else _tf.mesh_for(schedule, comm.size)
@@ -151,22 +172,10 @@ class TransformerLayer(torch.nn.Module):
                                                                    outputs=wanted, **kwargs)
         return self._backward_subsets[key]
 
-    def __deepcopy__(self, memo):
-        """A copy with fusions of its own (theirs hold C++ objects that do not copy) and copies of
-        the parameters (values, requires_grad) and mode, as copy.deepcopy of a torch module gives."""
-        clone = TransformerLayer(self.cfg, self.schedule, self.mesh, backend=self.backend)
-        with torch.no_grad():
-            for name, param in self.named_parameters():
-                mine = getattr(clone, name)
-                mine.copy_(param)
-                mine.requires_grad_(param.requires_grad)
-                if param.grad is not None:
-                    mine.grad = copy.deepcopy(param.grad, memo)
-        clone.train(self.training)
-        return clone
-
-    # Pickling (torch.save(layer), multiprocessing): the fusions hold C++ objects that do not pickle,
-    # and are rebuilt from the configuration, schedule and mesh on loading, as __deepcopy__ does.
+    # Pickling (torch.save(layer), multiprocessing) and copy.deepcopy: the fusions hold C++ objects
+    # that neither pickle nor copy; they are left out and rebuilt from the configuration, schedule and
+    # mesh. Everything else is copied as for any torch module (parameters, buffers, hooks, attributes,
+    # a subclass's own); a custom __deepcopy__ that built a fresh layer lost all of those.
     _UNPICKLED = ("forward_fusion", "backward_fusion", "_eval_fusions", "_backward_subsets", "last_forward")
 
     def __getstate__(self):
@@ -178,9 +187,27 @@ class TransformerLayer(torch.nn.Module):
             raise ValueError(f"TransformerLayer: this layer holds rank {state['rank']}'s parameter shards and is "
                              f"being loaded on rank {rank}: load on each rank the layer that rank saved")
         self.__dict__.update(state)
+        self.__dict__.setdefault("keep_last_forward", False)  # saved before it existed
         self.forward_fusion, self.backward_fusion = self._make_fusions(self.cfg)
         self.forward_fusion._ensure_defined()
         self._eval_fusions, self._backward_subsets, self.last_forward = None, {}, None
+
+    # A state_dict holds this rank's shards: it records the rank and schedule (torch's extra state, a
+    # plain dict that loads with weights_only=True), and loading it on another rank of a sharded
+    # layer is an error. Loaded silently, rank 1 computed with rank 0's blocks, and the allreduced
+    # output was wrong on every rank.
+    def get_extra_state(self):
+        return {"rank": self.rank, "schedule": self.schedule}
+
+    def set_extra_state(self, state):
+        if not isinstance(state, dict) or "rank" not in state:
+            raise ValueError(f"TransformerLayer: the state_dict's extra state {state!r} is not a TransformerLayer's")
+        if state.get("schedule") != self.schedule:
+            raise ValueError(f"TransformerLayer: the state_dict was saved by a layer with schedule "
+                             f"{state.get('schedule')!r}, this layer's is {self.schedule!r}")
+        if self.schedule != "none" and state["rank"] != self.rank:
+            raise ValueError(f"TransformerLayer: this state_dict holds rank {state['rank']}'s parameter shards and "
+                             f"is being loaded on rank {self.rank}: load on each rank the state_dict that rank saved")
 
     def clip_grad_norm_(self, max_norm):
         """torch.nn.utils.clip_grad_norm_ for the sharded layer: scales every gradient by
@@ -242,6 +269,19 @@ class TransformerLayer(torch.nn.Module):
         return shard_tensor(x, self.forward_fusion.tensors["x"], self.rank).to(dtype)
 
     def forward(self, x):
+        forward_fusion = self.fusions()[0]
+        try:
+            x = self._checked_input(x)
+        except TypeError as error:
+            # The other ranks are (or will be) in this fusion's execute: tell them, so that every rank
+            # raises this error there instead of pairing its next step with their current one, or
+            # waiting for it until the timeout.
+            forward_fusion.report_error(error)
+            raise
+        return _LayerFunction.apply(self, x, *[getattr(self, n) for n in _tf.PARAMETERS])
+
+    def _checked_input(self, x):
+        """x as the layer takes it, or a TypeError (raised on this rank only: forward reports it)."""
         if not isinstance(x, torch.Tensor):  # else an AttributeError from deep inside autograd
             raise TypeError(f"TransformerLayer: x must be a torch tensor (this rank's shard of the [b, s, e] input: "
                             f"shard_input() makes it), got {type(x).__name__}")
@@ -254,4 +294,16 @@ class TransformerLayer(torch.nn.Module):
                                 f"fusions are defined for {dtype} (TransformerConfig.dtype); a module dtype "
                                 f"conversion (layer.double(), .to(dtype)) does not redefine them: build the layer "
                                 f"with TransformerConfig(dtype=...) instead")
-        return _LayerFunction.apply(self, x, *[getattr(self, n) for n in _tf.PARAMETERS])
+        # Under torch.autocast the layer runs in its own dtype, as torch.amp.custom_fwd(cast_inputs=...)
+        # makes an autograd.Function do: the activations autocast hands it (bf16 after an autocast
+        # Linear) are cast to cfg.dtype, and the cast is differentiated as usual.
+        if x.dtype != dtype and x.is_floating_point() and _autocast_enabled(x.device.type):
+            x = x.to(dtype)
+        return x
+
+
+def _autocast_enabled(device_type):
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 has no device argument; CPU has its own query there
+        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()

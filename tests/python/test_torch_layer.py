@@ -11,10 +11,10 @@ from meshfuse.models import BACKWARD_OUTPUTS, PARAMETERS, TransformerConfig
 torch = pytest.importorskip("torch")
 
 
-def _layer_and_input():
+def _layer_and_input(keep_last_forward=True):
     from meshfuse.torch import TransformerLayer
     cfg = TransformerConfig(batch=2, sequence=16, heads=2, hidden=32, dtype=DataType.Float, dropout_p=0.1)
-    layer = TransformerLayer(cfg)
+    layer = TransformerLayer(cfg, keep_last_forward=keep_last_forward)
     x = torch.from_numpy(np.random.default_rng(3).standard_normal((2, 16, 32)).astype(np.float32))
     return layer, x.requires_grad_(True)
 
@@ -150,6 +150,47 @@ def test_deepcopy_gives_an_independent_layer_with_the_same_parameters():
     assert not torch.equal(twin.fc1_weight, layer.fc1_weight), "the copy's parameters are its own"
 
 
+def test_deepcopy_keeps_hooks_buffers_attributes_and_subclasses():
+    """The layer's own __deepcopy__ built a fresh TransformerLayer: a forward hook, a buffer, an
+    attribute and a subclass's parameter were gone from the copy (an EMA copy then computed
+    something else, silently), where torch's deepcopy of a module keeps them."""
+    import copy
+    from meshfuse.torch import TransformerLayer
+
+    class Scaled(TransformerLayer):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.gain = torch.nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, x):
+            return super().forward(x) * self.gain
+
+    cfg = TransformerConfig(batch=2, sequence=16, heads=2, hidden=32, dtype=DataType.Float, dropout_p=0.0)
+    layer = Scaled(cfg)
+    layer.register_buffer("step", torch.tensor(3))
+    layer.tag = "ema"
+    layer.register_forward_hook(lambda module, args, out: out + 1.0)
+    x = torch.from_numpy(np.random.default_rng(5).standard_normal((2, 16, 32)).astype(np.float32))
+    twin = copy.deepcopy(layer)
+    assert type(twin) is Scaled and twin.tag == "ema" and int(twin.step) == 3
+    assert twin.forward_fusion is not layer.forward_fusion
+    with torch.no_grad():
+        np.testing.assert_array_equal(twin(x).numpy(), layer(x).numpy())  # the hook and the gain, both
+        twin.gain.fill_(1.0)
+    assert float(layer.gain) == 2.0
+
+
+def test_a_layer_keeps_no_activations_unless_asked():
+    """Every forward's activations stayed in layer.last_forward until the next one: checkpointing saved
+    nothing and inference held them all. They are kept only with keep_last_forward=True."""
+    layer, x = _layer_and_input(keep_last_forward=False)
+    before = _C.cpu_bytes_in_use()
+    with torch.no_grad():
+        y = layer(x)
+    assert layer.last_forward is None
+    assert _C.cpu_bytes_in_use() - before <= y.numel() * y.element_size(), "only the output stays"
+
+
 def test_torch_save_of_the_whole_layer_loads_a_working_layer(tmp_path):
     """torch.save(layer) raised (a DeviceMesh and a Fusion did not pickle): the loaded layer has the
     parameters, mode and gradients' settings, and computes what the saved one does."""
@@ -210,6 +251,51 @@ def test_frozen_parameters_get_no_gradient_and_no_work():
     matmuls = [line for line in fusion.host_ir().splitlines() if line.split("(")[0].endswith("matmul")]
     full = [line for line in layer.fusions()[1].host_ir().splitlines() if line.split("(")[0].endswith("matmul")]
     assert len(matmuls) == len(full) - 1, fusion.host_ir()
+
+
+def test_a_sharded_state_dict_loads_only_on_the_rank_that_saved_it():
+    """"Rank 0 saves the state_dict, every rank loads it" gave rank 1 rank 0's shards with no error
+    (the shapes match), and the allreduced output was wrong on every rank. The state_dict records
+    the rank and schedule (torch's extra state, which loads with weights_only=True)."""
+    from meshfuse.torch import TransformerLayer
+    cfg = TransformerConfig(batch=1, sequence=4, heads=2, hidden=8, dtype=DataType.Float)
+    layer = TransformerLayer(cfg, schedule="tp")  # a world of one: rank 0 of a one-rank mesh
+    state = layer.state_dict()
+    assert state["_extra_state"] == {"rank": 0, "schedule": "tp"}
+    TransformerLayer(cfg, schedule="tp").load_state_dict(state)
+    state["_extra_state"] = {"rank": 1, "schedule": "tp"}
+    with pytest.raises(ValueError, match="holds rank 1's parameter shards and is being loaded on rank 0"):
+        TransformerLayer(cfg, schedule="tp").load_state_dict(state)
+    with pytest.raises(ValueError, match="saved by a layer with schedule 'tp', this layer's is 'none'"):
+        TransformerLayer(cfg).load_state_dict(state)
+    unsharded = TransformerLayer(cfg).state_dict()
+    unsharded["_extra_state"]["rank"] = 3  # an unsharded layer's parameters are whole: any rank's do
+    TransformerLayer(cfg).load_state_dict(unsharded)
+
+
+def test_autocast_runs_the_layer_in_its_own_dtype():
+    """Under torch.autocast an earlier Linear hands the layer bf16 activations, which failed execute's
+    dtype check ("expected dtype Float, got BFloat16"). The layer casts them to its dtype, as
+    torch.amp.custom_fwd(cast_inputs=...) does, and the gradient flows through the cast."""
+    layer, x = _layer_and_input()
+    layer.eval()
+    linear = torch.nn.Linear(32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = linear(x)
+        assert hidden.dtype == torch.bfloat16
+        y = layer(hidden)
+    assert y.dtype == torch.float32
+    with torch.no_grad():
+        np.testing.assert_array_equal(y.detach().numpy(), layer(hidden.detach().float()).numpy())
+    y.sum().backward()
+    assert linear.weight.grad is not None and torch.isfinite(linear.weight.grad).all()
+
+
+def test_a_batch_of_another_size_names_the_config():
+    layer, x = _layer_and_input()
+    with pytest.raises(ValueError, match=r"axis 0: expected extent 2, got 3.*TransformerConfig's batch=2 and "
+                                         r"sequence=16 fix the layer's input shape"):
+        layer(torch.zeros(3, 16, 32))
 
 
 def test_loading_another_ranks_sharded_layer_is_an_error():
@@ -292,6 +378,8 @@ def test_clip_grad_norm_is_torchs_on_one_rank():
     torch.manual_seed(0)
     (layer(x) ** 2).sum().backward()
     twin = copy.deepcopy(layer)
+    for name, param in layer.named_parameters():  # torch's deepcopy of a Parameter leaves its grad behind
+        getattr(twin, name).grad = param.grad.clone()
     expected = torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5)
     norm = layer.clip_grad_norm_(0.5)
     assert norm.dtype == torch.float64 and abs(float(norm) - float(expected)) < 1e-5 * float(expected)

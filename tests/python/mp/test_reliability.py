@@ -188,6 +188,22 @@ def test_threads_executing_different_fusions_match_or_raise(backend):
 
 
 @pytest.mark.skipif(WORLD < 2, reason="needs two or more ranks")
+def test_a_wrappers_own_check_failing_on_one_rank_reaches_every_rank():
+    """meshfuse.torch's layer checks its arguments before execute: a failure on one rank raised there
+    alone, and the other ranks paired their step with that rank's next one (or waited out the
+    timeout). report_error() hands it to the ranks in execute, which raise it too; the next step then
+    runs in step on every rank."""
+    fd = _gather_relu()
+    if RANK == WORLD - 1:
+        fd.report_error(TypeError("the batch is a list, not a tensor"))
+    else:
+        with pytest.raises(TypeError, match=f"rank {WORLD - 1} failed its input check.*the batch is a list"):
+            fd.execute([MINE])
+    (out,) = fd.execute([MINE])
+    np.testing.assert_array_equal(out, np.maximum(FULL, 0))
+
+
+@pytest.mark.skipif(WORLD < 2, reason="needs two or more ranks")
 def test_a_wrong_dtype_on_one_rank_is_a_type_error_on_every_rank():
     """The rank that passed float64 raised TypeError, the others ValueError: one except clause could not
     handle the failure everywhere. Now every rank raises TypeError, the others naming the rank."""
