@@ -75,6 +75,7 @@ std::vector<int> reshapeAxes(const std::vector<int64_t>& in, const std::vector<i
         --j;
         continue;
       }
+      const size_t group_end_i = i, group_end_j = j;
       int64_t pi = in[--i], pj = out[--j];
       while (pi != pj) {
         if (pi < pj && i > 0 && in[i - 1] >= 0)
@@ -84,7 +85,11 @@ std::vector<int> reshapeAxes(const std::vector<int64_t>& in, const std::vector<i
         else
           break;
       }
-      if (pi != pj) break;  // the group reaches into the symbolic part: it belongs to the prefix
+      if (pi != pj) {     // the group reaches into the symbolic part: it belongs to the prefix, whole
+        i = group_end_i;  // ([-1, 8] -> [64]: one group from axis 0, which keeps a sharding there)
+        j = group_end_j;
+        break;
+      }
       m[i] = static_cast<int>(j);
     }
     if (i > 0 && j > 0) m[0] = 0;

@@ -99,7 +99,9 @@ class ReshardingPass {
     Sharding s;
     std::vector<size_t> order(inputs.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    if ((e->op() == OpType::Linear || e->op() == OpType::Matmul) && order.size() >= 2) std::swap(order[0], order[1]);
+    const bool contraction = (e->op() == OpType::Linear || e->op() == OpType::Matmul) && order.size() >= 2;
+    if (contraction) std::swap(order[0], order[1]);
+    std::array<size_t, kMeshDims> partial_from{};  // the operand whose reduced axis made dim d Partial
     for (int d = 0; d < std::min<int64_t>(mesh.rank(), kMeshDims); ++d) {
       for (size_t i : order) {
         if (!inputs[i]->isTensor()) continue;
@@ -114,6 +116,7 @@ class ReshardingPass {
         int b = inputToOutputAxes(e, i)[a];
         if (b == kReducedAxis) {
           s.partial[d] = true;
+          partial_from[d] = i;
         } else if (b >= 0 && s.axis[d] < 0 && std::find(s.axis.begin(), s.axis.end(), b) == s.axis.end()) {
           s.axis[d] = b;
         }
@@ -121,7 +124,20 @@ class ReshardingPass {
       }
       if (s.partial[d]) s.axis[d] = -1;
     }
+    if (contraction) keepOnePartialDim(s, partial_from, order[0]);
     return s;
+  }
+
+  // A matmul's operands share one contraction axis, which a tensor shards along one mesh dimension at
+  // most: Partial along two dims (a's K sharded on mesh_x, b's on mesh_y) would need both operands
+  // sharded along both. One dim stays Partial, the weight's where it shards K (as propagate prefers
+  // the weight), else the first; the operand sharded along the other is gathered there and sliced.
+  static void keepOnePartialDim(Sharding& s, const std::array<size_t, kMeshDims>& partial_from, size_t weight) {
+    int keep = -1;
+    for (int d = 0; d < kMeshDims; ++d)
+      if (s.partial[d] && (keep < 0 || (partial_from[d] == weight && partial_from[keep] != weight))) keep = d;
+    for (int d = 0; d < kMeshDims; ++d)
+      if (d != keep) s.partial[d] = false;
   }
 
   TensorView* newTv(const TensorView* like_shape, DataType dtype, const DeviceMesh& mesh, const Sharding& s) {

@@ -152,10 +152,12 @@ ComputeType chooseComputeType(const std::vector<const Expr*>& exprs) {
     // for x = 0, as in torch and numpy), not the number truncated to an integer: not an integer
     // program, and (as any integer operand makes it) a double one. A float tensor compares in
     // float with the number rounded to float, as torch does (a dropout mask's uniform >= p stays
-    // a float program).
+    // a float program). Likewise a logical op tests the number itself for zero: logical_or(x, 0.5)
+    // is true (it was false, 0.5 truncated to 0).
     for (const Val* v : e->inputs()) {
       visit(v);
-      if (!v->isTensor() && isComparison(e->op()) && isFloatingPoint(v->dtype())) all_integer = false;
+      if (!v->isTensor() && (isComparison(e->op()) || isLogical(e->op())) && isFloatingPoint(v->dtype()))
+        all_integer = false;
     }
     visit(e->out());
     if (!isExactOnIntegers(e->op())) all_integer = false;

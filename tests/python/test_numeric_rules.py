@@ -131,3 +131,17 @@ def test_negating_a_bool_is_refused_as_numpy_and_torch_do():
     with pytest.raises(ValueError, match=r"neg: T0 is Bool, which has no negation; use logical_not\(T0\)"):
         with FusionDefinition() as fd:
             fd.add_output(fd.ops.neg(fd.define_tensor([2], DataType.Bool)))
+
+
+@pytest.mark.parametrize("np_dtype", [np.int64, np.int32, np.bool_])
+@pytest.mark.parametrize("op", ["logical_and", "logical_or"])
+@pytest.mark.parametrize("constant", [0.5, -0.25, 2.5, 0.0])
+def test_a_logical_op_tests_a_fractional_constant_itself_for_zero(np_dtype, op, constant):
+    # An integer program held the constant as an integer: 0.5 became 0, so logical_or(0, 0.5) was
+    # False (numpy and torch: True). Alone, and fused after an integer op.
+    x = np.array([0, 1, 0, 1], dtype=np_dtype)
+    (alone,) = run_fusion(lambda fd, t: getattr(fd.ops, op)(t, constant), x)
+    np.testing.assert_array_equal(alone, getattr(np, op)(x, constant))
+    if np_dtype != np.bool_:
+        (fused,) = run_fusion(lambda fd, t: getattr(fd.ops, op)(fd.ops.mul(t, 1), constant), x)
+        np.testing.assert_array_equal(fused, getattr(np, op)(x, constant))

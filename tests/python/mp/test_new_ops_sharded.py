@@ -299,6 +299,23 @@ def test_heads_stay_sharded_through_reshapes_with_a_symbolic_batch(batch):
     np.testing.assert_allclose(out, np.maximum(xs @ w1s.T, 0) @ w2s.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [8, -1], ids=["static rows", "symbolic rows"])
+def test_a_merge_whose_outer_axis_is_symbolic_keeps_the_sharding(rows):
+    """[rows, 8] sharded on axis 0, merged to [8 * rows] and annotated sharded on axis 0: local. With
+    rows symbolic, the static 8 was grouped from the back with the static 64 and stopped at the
+    symbolic axis, mapping nothing: the annotation was refused ("blocks do not line up")."""
+    full = np.arange(8 * 8 * WORLD, dtype=np.float32).reshape(8 * WORLD, 8)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([rows if rows < 0 else 8 * WORLD, 8])
+        y = fd.ops.reshape(x, [64 * WORLD])
+        fd.add_output(y)
+        for tv in (x, y):
+            shard(tv)
+    (out,) = fd.execute([block(full)])
+    assert communications(fd) == [], fd.host_ir()
+    np.testing.assert_array_equal(out, block(full.reshape(-1)))
+
+
 @pytest.mark.parametrize("op", ["var_mean", "sum", "mean"])
 def test_a_half_reduction_over_the_sharded_axis_is_reduced_in_float32(op):
     """Each rank's Half partial of a sum over the sharded axis was rounded to Half before the allreduce:

@@ -67,3 +67,27 @@ def test_reduction_over_one_sharded_axis_reduces_along_that_dim_alone(backend):
     np.testing.assert_allclose(y, shard_tensor(full.astype(np.float64).sum(0), ys, RANK), rtol=1e-5, atol=1e-5)
     assert communications(fd) == ["Allreduce"], fd.host_ir()
     assert f"team={mesh.team(RANK, ParallelType.mesh_y)}".replace(" ", "") in fd.host_ir().replace(" ", "")
+
+
+def test_a_matmuls_contraction_sharded_along_different_dims_in_its_operands():
+    """a's K sharded along mesh_x, b's along mesh_y: propagation made the product Partial along both
+    dims, which would need each operand sharded along both, and resharding raised "made no progress"
+    (an internal error). The product is Partial along one dim (b's, the weight's, as propagation
+    prefers it); a is gathered along mesh_x and sliced along mesh_y, and the product is allreduced."""
+    mesh = _mesh()
+    rows, cols = mesh.size_along(ParallelType.mesh_y), mesh.size_along(ParallelType.mesh_x)
+    a_full = RNG.standard_normal((3, 4 * WORLD)).astype(np.float32)
+    b_full = RNG.standard_normal((4 * WORLD, 5)).astype(np.float32)
+    with FusionDefinition() as fd:
+        a, b = fd.define_tensor([3, 4 * WORLD]), fd.define_tensor([4 * WORLD, 5])
+        fd.add_output(fd.ops.matmul(a, b))
+        a.set_device_mesh(mesh)
+        a.outer_split(1, cols)
+        a.axis(1).parallelize(ParallelType.mesh_x)
+        b.set_device_mesh(mesh)
+        b.outer_split(0, rows)
+        b.axis(0).parallelize(ParallelType.mesh_y)
+    (out,) = fd.execute([shard_tensor(a_full, a, RANK), shard_tensor(b_full, b, RANK)])
+    np.testing.assert_allclose(out, a_full.astype(np.float64) @ b_full, rtol=1e-5, atol=1e-5)
+    # Along a mesh_x of one device (2 ranks: a [2, 1] mesh) the gather is a local copy.
+    assert communications(fd) == ["Allgather"] * (cols > 1) + ["Allreduce"], fd.host_ir()
