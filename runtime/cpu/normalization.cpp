@@ -68,6 +68,9 @@ struct Ref {
   Home home = Home::Constant;
   int index = 0;
   double constant = 0;
+  // A Constant that is a scalar input's value of this execution: a parameter of a compiled stage,
+  // not a literal in it (each new value compiled another kernel).
+  bool bound_at_execute = false;
 };
 
 enum class Phase : uint8_t { Before, PerRow, After };
@@ -180,6 +183,7 @@ Kernel<T> buildKernel(const Segment& seg, const Plan& plan, ValueMap& values, co
     if (!v->isTensor()) {
       Ref r;
       r.constant = values.scalar(v);
+      r.bound_at_execute = !static_cast<const Scalar*>(v)->isConstant();
       return r;
     }
     if (auto it = home.find(v); it != home.end()) return it->second;
@@ -300,8 +304,10 @@ bool stageProgram(const Kernel<float>& k, Stage& stage, TileProgram& tp) {
     TileProgram::Operand* operands[3] = {&t.a, &t.b, &t.c};
     for (int a = 0; a < s.nargs; ++a) {
       const Ref& r = s.args[a];
-      if (r.home == Home::Constant)
+      if (r.home == Home::Constant && !r.bound_at_execute)
         operands[a]->scalar = r.constant;
+      else if (r.home == Home::Constant)
+        operands[a]->param = indexIn(stage.params, r);  // a new entry each time: constants name no value
       else if (r.home == Home::RowScalar || r.home == Home::Shared)
         operands[a]->param = indexIn(stage.params, r);
       else

@@ -40,6 +40,7 @@ enum class ComputeType { Float32, Float64, Int64 };
 struct Operand {
   int slot = -1;  // a tile buffer, or -1 for a scalar
   double scalar = 0;
+  bool bound_at_execute = false;  // a scalar input (define_scalar without a value), not a constant
 };
 
 // Where a random op's elements sit in its global tensor: each program element's index in the op's
@@ -104,6 +105,10 @@ struct Program {
   // the kernel reads them as inputs after the loads.
   TileKernel kernel = nullptr;
   std::vector<size_t> drawn;
+  // The kernel's parameters: the scalar inputs' values of this execution. A scalar input is a
+  // parameter of the compiled loop, not a literal in it: a learning rate that changes every step
+  // compiled (and loaded) a new kernel per value, 120 ms and five mappings each.
+  std::vector<float> params;
 };
 
 // Ops whose result can leave the range or precision of operands of its dtype (a sum, a product),
@@ -254,15 +259,17 @@ void attachKernel(Program& p) {
   tp.num_slots = p.num_slots;
   for (const Load& l : p.loads) tp.input_slots.push_back(l.slot);
   std::vector<size_t> drawn;
+  std::vector<float> params;
+  // Operands as the kernel sees them: a scalar input becomes parameter k (its value is no part of the
+  // program's key), a constant stays a literal.
+  const auto operand = [&](const Operand& o) -> TileProgram::Operand {
+    if (o.slot >= 0 || !o.bound_at_execute) return {o.slot, o.scalar};
+    params.push_back(static_cast<float>(o.scalar));  // the interpreter's static_cast<float>(scalar)
+    return {-1, 0.0, static_cast<int>(params.size()) - 1};
+  };
   for (size_t i = 0; i < p.steps.size(); ++i) {
     const Step& s = p.steps[i];
-    TileProgram::Step t{s.op,
-                        s.cast_to,
-                        {s.a.slot, s.a.scalar},
-                        {s.b.slot, s.b.scalar},
-                        {s.c.slot, s.c.scalar},
-                        s.out,
-                        s.direct_out != nullptr};
+    TileProgram::Step t{s.op, s.cast_to, operand(s.a), operand(s.b), operand(s.c), s.out, s.direct_out != nullptr};
     if (s.random) {
       t.input = static_cast<int>(p.loads.size() + drawn.size());
       drawn.push_back(i);
@@ -270,8 +277,12 @@ void attachKernel(Program& p) {
     tp.steps.push_back(t);
   }
   for (const Store& st : p.stores) tp.final_outputs.push_back(st.slot);
+  tp.num_params = static_cast<int>(params.size());
   p.kernel = compiledTileProgram(tp);
-  if (p.kernel != nullptr) p.drawn = std::move(drawn);
+  if (p.kernel != nullptr) {
+    p.drawn = std::move(drawn);
+    p.params = std::move(params);
+  }
 }
 
 Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs, const ValueMap& values,
@@ -319,10 +330,12 @@ Program buildProgram(const Segment& seg, const std::vector<TensorView*>& outputs
     if (isRandom(e->op())) step.random = randomIndexing(seg, e, values, shapes, p.shape);
     for (size_t i = 0; i < std::min<size_t>(e->inputs().size(), 3); ++i) {
       const Val* v = e->input(i);
-      if (v->isTensor())
+      if (v->isTensor()) {
         operands[i]->slot = loadSlot(v);
-      else
+      } else {
         operands[i]->scalar = values.scalar(v);
+        operands[i]->bound_at_execute = !static_cast<const Scalar*>(v)->isConstant();
+      }
     }
     DataType out_dtype = e->out()->dtype();
     // full(0.5, Bool) is true: the value as the dtype holds it, before an integer computation truncates it.
@@ -523,6 +536,7 @@ void runKernelTile(const Program& p, float* scratch, int64_t tile_len, int64_t s
     runStep<float>(p.steps[p.drawn[k]], ptr, buf, start, len);
     in.push_back(buf);
   }
+  if (!p.params.empty()) in.push_back(p.params.data());
   for (const Step& s : p.steps)
     if (s.direct_out) out.push_back(s.direct_out->dataAs<float>() + start);
   for (const Store& st : p.stores) out.push_back(scratch + st.slot * tile_len);

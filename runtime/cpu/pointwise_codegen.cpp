@@ -79,7 +79,7 @@ std::string expression(const TileProgram::Step& s) {
       if (s.cast_to == DataType::Bool) return "static_cast<float>(" + a + " != 0.0f)";
       return {};
     case OpType::Full:
-      return s.cast_to == DataType::Float || s.cast_to == DataType::Double ? floatLiteral(s.a.scalar) : std::string{};
+      return s.cast_to == DataType::Float || s.cast_to == DataType::Double ? operand(s.a) : std::string{};
     default: return {};  // pow (its integral rounding), random draws
   }
 }

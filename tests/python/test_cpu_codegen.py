@@ -58,6 +58,51 @@ def test_compiled_segment_matches_the_interpreter_and_float64(codegen_cache, mon
     np.testing.assert_allclose(dx_jit, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_scalar_input_is_a_parameter_of_one_compiled_kernel(codegen_cache, monkeypatch):
+    """p - g * lr with lr a scalar input: its value was a literal in the generated loop, so every new
+    learning rate compiled and loaded another kernel (120 ms and five mappings a value, never
+    unloaded). It is the kernel's parameter now: one kernel for every value, and the interpreter's
+    numbers (the scalar rounded to float once). A constant stays a literal."""
+    monkeypatch.setenv("MESHFUSE_CPU_CODEGEN", "always")
+    with FusionDefinition() as fd:
+        p, g = fd.define_tensor([33, 65]), fd.define_tensor([33, 65])
+        lr, fill = fd.define_scalar(dtype=DataType.Double), fd.define_scalar(dtype=DataType.Double)
+        fd.add_output(fd.ops.sub(p, fd.ops.mul(g, lr)))
+        fd.add_output(fd.ops.add(fd.ops.full([33, 65], fill, DataType.Float), p))
+    rng = np.random.default_rng(8)
+    x, y = rng.standard_normal((33, 65)).astype(np.float32), rng.standard_normal((33, 65)).astype(np.float32)
+    for step in range(5):
+        rate, value = 0.1 * (step + 1) + 1e-9, -2.0 + step
+        out, filled = fd.execute([x, y, rate, value])
+        # The compiler may contract the multiply and the subtraction into an FMA: an ulp or so.
+        np.testing.assert_allclose(out, x - y * np.float32(rate), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(filled, np.float32(value) + x)
+    assert len(list(codegen_cache.glob("*.so"))) == 1, sorted(codegen_cache.glob("*.so"))
+
+
+def test_a_scalar_input_of_a_normalization_is_a_parameter_too(codegen_cache, monkeypatch):
+    """The same for a normalization segment's compiled stages: (x - mean) * rsqrt(var + eps) * gain
+    with eps and gain scalar inputs compiles its stages once for every value."""
+    monkeypatch.setenv("MESHFUSE_CPU_CODEGEN", "always")
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([64, 256])
+        eps, gain = fd.define_scalar(dtype=DataType.Double), fd.define_scalar(dtype=DataType.Double)
+        var, mean = fd.ops.var_mean(x, [1], keepdim=True)
+        fd.add_output(fd.ops.mul(fd.ops.mul(fd.ops.sub(x, mean), fd.ops.rsqrt(fd.ops.add(var, eps))), gain))
+    data = np.random.default_rng(9).standard_normal((64, 256)).astype(np.float32)
+    built = None
+    for step in range(4):
+        e, g = 10.0 ** -(step + 2), 1.0 + step
+        (out,) = fd.execute([data, e, g])
+        x64 = data.astype(np.float64)
+        want = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + e) * g
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        kernels = sorted(codegen_cache.glob("*.so"))
+        assert built is None or kernels == built, "a new value compiled a new kernel"
+        built = kernels
+    assert built, "always compiled nothing"
+
+
 def test_auto_leaves_small_segments_interpreted(codegen_cache, monkeypatch):
     monkeypatch.setenv("MESHFUSE_CPU_CODEGEN", "auto")
     fd = _dropout_gelu_backward((8, 16), 0.1)
