@@ -202,6 +202,14 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
   InputSignature sig;
   std::unique_lock<std::mutex> world_turn;
   if (multi && comm->size() > 1) {
+    // After a timeout that did not end the job (MESHFUSE_ABORT_ON_TIMEOUT=0) a collective is left
+    // half done: the next one would match against its leftovers (a retry crashed the job in MPI with
+    // a truncation error). Refused on this rank alone; the others, if any are left, time out too.
+    if (comm->broken())
+      throw CommunicationTimeout(
+          "execute: an earlier communication timed out on this rank, which leaves the world's "
+          "collectives unusable (MESHFUSE_ABORT_ON_TIMEOUT=0 kept the process alive to report it): "
+          "end this process; the job cannot go on");
     world_turn = std::unique_lock<std::mutex>(worldExecuteMutex());
     // Every rank reaches the agreement with a verdict, so none is left waiting in a collective.
     std::string error;

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/wait_interrupt.h"
 #include "multidevice/communicator.h"
 
 namespace meshfuse {
@@ -13,9 +14,13 @@ bool abortOnTimeout() {
 }
 
 void handleCommunicationTimeout(const CommunicationTimeout& e, const char* during) {
-  const std::string message = std::string("communication timeout ") + during + ": " + e.what();
+  // Ctrl-C ends a wait as a timeout does: the collective is left half done either way.
+  const bool interrupted = dynamic_cast<const WaitInterrupted*>(&e) != nullptr;
+  const std::string message =
+      std::string(interrupted ? "interrupted " : "communication timeout ") + during + ": " + e.what();
   if (!abortOnTimeout()) {
-    Communicator::instance().markBroken();  // so that the process can still exit (without MPI_Finalize)
+    Communicator::instance().markBroken();            // so that the process can still exit (without MPI_Finalize)
+    if (interrupted) throw WaitInterrupted(message);  // KeyboardInterrupt in Python
     throw CommunicationTimeout(message);
   }
   // abort() prints the reason, with the rank, before ending the job.

@@ -3,6 +3,7 @@
 #include "multidevice/communicator.h"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -13,6 +14,7 @@
 #include <stdexcept>
 
 #include "backends/mpi/mpi_helpers.h"
+#include "ir/user_error.h"
 #include "multidevice/backend_plugins.h"
 #include "multidevice/timeout_env.h"
 #include "runtime/device_count.h"
@@ -73,6 +75,7 @@ bool registerBackend(CommunicatorBackend type, BackendFactory factory, BackendWo
 
 namespace {
 std::atomic<bool> communicator_created{false};
+Communicator* the_communicator = nullptr;  // for the exit handler, which must not run instance()'s check
 }  // namespace
 
 namespace {
@@ -93,7 +96,19 @@ Communicator& Communicator::instance() {
   // (backends, communicators, MPI_Finalize) runs from an atexit handler installed at init.
   static Communicator* communicator = new Communicator();
   communicator_created.store(true, std::memory_order_release);
+  // A forked child that executed took part in its parent's collectives as the parent's rank: the
+  // parent's next execute then completed against the wrong partner and returned garbage, silently.
+  if (communicator->inForkedChild()) throw UserError(communicator->forkedChildError());
   return *communicator;
+}
+
+bool Communicator::inForkedChild() const { return static_cast<int64_t>(getpid()) != owner_pid_; }
+
+std::string Communicator::forkedChildError() const {
+  return "meshfuse: this process (pid " + std::to_string(getpid()) + ") is a fork of rank " + std::to_string(rank_) +
+         " (pid " + std::to_string(owner_pid_) +
+         "), which is no rank: MPI and the backends' connections do not survive fork. Run meshfuse in the "
+         "processes the launcher started; forked workers (a DataLoader's) may load data, not execute";
 }
 
 bool Communicator::exists() { return communicator_created.load(std::memory_order_acquire); }
@@ -120,6 +135,8 @@ Communicator::Communicator() {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   rank_ = world_rank;
   size_ = world_size;
+  owner_pid_ = static_cast<int64_t>(getpid());
+  the_communicator = this;
 
   nodes_ = NodeTopology::discover();
 
@@ -127,7 +144,10 @@ Communicator::Communicator() {
   // earlier (e.g. by libraries loaded before us) and after those registered later. A lambda in a
   // member function may touch private members. glibc's on_exit also gives the exit status.
   static const auto at_exit = [](int status) {
-    Communicator& c = instance();
+    Communicator& c = *the_communicator;
+    // A forked child's exit is its own: finalizing or aborting would act on the parent's world (it
+    // hung in MPI_Finalize, with the parent waiting for it).
+    if (c.inForkedChild()) return;
     if (c.broken_) return;  // see markBroken: freeing or finalizing would wait for the missing rank
     // A rank that exits with a failure status (sys.exit(3), a C++ main returning 1) while the others
     // may be waiting in a collective for it: MPI_Finalize would wait for them, and they for it,
@@ -357,6 +377,12 @@ std::vector<std::string> Communicator::allgatherBytes(const std::vector<int64_t>
 }
 
 void Communicator::abort(int code, const std::string& why) {
+  if (inForkedChild()) {  // no rank: it ends alone, as it would without meshfuse
+    std::fprintf(stderr, "meshfuse: a forked child of rank %lld exits (code %d): %s\n", static_cast<long long>(rank_),
+                 code, why.c_str());
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
   std::fprintf(stderr, "meshfuse: rank %lld of %lld aborts the job (code %d): %s\n", static_cast<long long>(rank_),
                static_cast<long long>(size_), code, why.c_str());
   std::fflush(stderr);

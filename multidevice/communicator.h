@@ -93,6 +93,11 @@ class Communicator {
  private:
   Communicator();
   ~Communicator();
+  // The process that joined the world. A fork of it (a data loader's worker) shares its MPI state
+  // but is no rank: instance() refuses it, and its exit leaves the world alone.
+  bool inForkedChild() const;
+  std::string forkedChildError() const;
+  int64_t owner_pid_ = 0;
   int64_t rank_ = 0, size_ = 1;
   NodeTopology nodes_;
   bool finalize_mpi_ = false;

@@ -215,3 +215,37 @@ def test_a_wrong_dtype_on_one_rank_is_a_type_error_on_every_rank():
         assert f"rank {WORLD - 1} failed its input check" in str(info.value)
     (out,) = fd.execute([MINE])  # nothing was left pending
     np.testing.assert_allclose(np.asarray(out), np.maximum(FULL, 0), rtol=1e-6)
+
+
+def test_a_forked_child_is_no_rank_and_its_exit_leaves_the_world_alone():
+    """A fork of a rank (a data loader's worker) that executed took part in the parent's collectives as
+    the parent's rank, and the parent's next execute returned garbage; a child that exited ran MPI's
+    finalize (or abort) on the parent's world and hung the job. Now the child's meshfuse raises, its
+    exit (C's exit, so meshfuse's exit handler runs) leaves the world alone, and the ranks go on."""
+    import ctypes
+    fd = _gather_relu()
+    np.testing.assert_array_equal(fd.execute([MINE])[0], np.maximum(FULL, 0))
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 3
+        try:
+            Communicator.instance()
+            code = 10
+        except ValueError as e:
+            code = code if f"is a fork of rank {RANK}" in str(e) else 11
+        try:
+            fd.execute([MINE])
+            code = 12
+        except ValueError:
+            pass
+        ctypes.CDLL(None).exit(code)
+        os._exit(13)  # not reached
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        assert time.monotonic() < deadline, "the forked child did not exit"
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3, status
+    np.testing.assert_array_equal(fd.execute([MINE])[0], np.maximum(FULL, 0))
