@@ -91,13 +91,13 @@ A accumulateRun(const S* p, int64_t n, int64_t stride, A acc) {
     A s = A(0);
     if (stride == 1) {
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < n; ++i) s += Elem<S>::template load<A>(p[i]);
+      for (int64_t i = 0; i < n; ++i) s += loadInLoop<S, A>(p[i]);
     } else {
-      for (int64_t i = 0; i < n; ++i) s += Elem<S>::template load<A>(p[i * stride]);
+      for (int64_t i = 0; i < n; ++i) s += loadInLoop<S, A>(p[i * stride]);
     }
     return acc + s;
   } else {
-    for (int64_t i = 0; i < n; ++i) acc = Op::combine(acc, Elem<S>::template load<A>(p[i * stride]));
+    for (int64_t i = 0; i < n; ++i) acc = Op::combine(acc, loadInLoop<S, A>(p[i * stride]));
     return acc;
   }
 }
@@ -172,9 +172,9 @@ void reduceRows(const S* base, const ReductionPlan& p, A* result) {
 template <typename S, typename A, typename Op>
 MESHFUSE_SIMD_CLONES void accumulateColumns(A* __restrict acc, const S* __restrict src, int64_t n, int64_t stride) {
   if (stride == 1) {
-    for (int64_t j = 0; j < n; ++j) acc[j] = Op::combine(acc[j], Elem<S>::template load<A>(src[j]));
+    for (int64_t j = 0; j < n; ++j) acc[j] = Op::combine(acc[j], loadInLoop<S, A>(src[j]));
   } else {
-    for (int64_t j = 0; j < n; ++j) acc[j] = Op::combine(acc[j], Elem<S>::template load<A>(src[j * stride]));
+    for (int64_t j = 0; j < n; ++j) acc[j] = Op::combine(acc[j], loadInLoop<S, A>(src[j * stride]));
   }
 }
 
