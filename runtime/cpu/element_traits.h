@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "runtime/cpu/half_runs.h"
 #include "runtime/dtype.h"
 #include "runtime/half.h"
 
@@ -63,6 +64,16 @@ struct Elem<BoolByte> {
     return {static_cast<uint8_t>(v != C(0))};
   }
 };
+
+// Elem<S>::load<C>, for loops over many elements: Half through its branch-free form (half_runs.h),
+// so that the loop vectorizes (halfToFloat's branches keep it scalar). The same value either way.
+template <typename S, typename C>
+[[gnu::always_inline]] inline C loadInLoop(S s) {
+  if constexpr (std::is_same_v<S, HalfBits>)
+    return static_cast<C>(halfToFloatSelect(s.bits));
+  else
+    return Elem<S>::template load<C>(s);
+}
 
 // Whether storage type S holds a floating-point dtype.
 template <typename S>

@@ -12,6 +12,7 @@
 #include "ir/ir.h"
 #include "runtime/cpu/element_traits.h"
 #include "runtime/cpu/fast_exp.h"
+#include "runtime/cpu/half_runs.h"
 #include "runtime/cpu/simd_clones.h"
 #include "runtime/nan_propagating.h"
 
@@ -138,6 +139,10 @@ MESHFUSE_SIMD_CLONES void applyRounding(DataType dtype, const T* x, T* out, int6
     using S = typename decltype(tag)::type;
     if constexpr (std::is_same_v<S, T>) {
       if (out != x) std::memcpy(out, x, static_cast<size_t>(n) * sizeof(T));
+    } else if constexpr (std::is_same_v<S, HalfBits> && std::is_same_v<T, float>) {
+      roundThroughHalfRun(x, out, n);  // vectorized (half_runs.h), as a cast to Half runs over every element
+    } else if constexpr (std::is_same_v<S, BFloat16Bits> && std::is_same_v<T, float>) {
+      roundThroughBf16Run(x, out, n);
     } else {
       for (int64_t i = 0; i < n; ++i) out[i] = Elem<S>::template load<T>(Elem<S>::template store<T>(x[i]));
     }

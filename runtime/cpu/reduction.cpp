@@ -100,9 +100,9 @@ MESHFUSE_SIMD_CLONES A accumulateRun(const S* __restrict p, int64_t n, int64_t s
     A s = A(0);
     if (stride == 1) {
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < n; ++i) s += Elem<S>::template load<A>(p[i]);
+      for (int64_t i = 0; i < n; ++i) s += loadInLoop<S, A>(p[i]);
     } else {
-      for (int64_t i = 0; i < n; ++i) s += Elem<S>::template load<A>(p[i * stride]);
+      for (int64_t i = 0; i < n; ++i) s += loadInLoop<S, A>(p[i * stride]);
     }
     return acc + s;
   } else {
@@ -115,13 +115,13 @@ MESHFUSE_SIMD_CLONES A accumulateRun(const S* __restrict p, int64_t n, int64_t s
 #pragma omp simd
         for (int64_t l = 0; l < kLanes; ++l) {
           // Op::combine as one select without a short-circuit (which kept the loop scalar).
-          const A lane = lanes[l], v = Elem<S>::template load<A>(p[i + l]);
+          const A lane = lanes[l], v = loadInLoop<S, A>(p[i + l]);
           lanes[l] = ((lane != lane) | (lane > v)) ? lane : v;  // NOLINT(misc-redundant-expression)
         }
       }
       for (const A& lane : lanes) acc = Op::combine(acc, lane);
     }
-    for (; i < n; ++i) acc = Op::combine(acc, Elem<S>::template load<A>(p[i * stride]));
+    for (; i < n; ++i) acc = Op::combine(acc, loadInLoop<S, A>(p[i * stride]));
     return acc;
   }
 }
@@ -131,7 +131,7 @@ template <typename S, typename A, typename Op>
 A reduceRange(const S* base, const StridedSpace& red, int64_t begin, int64_t end) {
   A acc = Op::init();
   if (begin >= end) return acc;
-  if (red.rank() == 0) return Op::combine(acc, Elem<S>::template load<A>(base[0]));
+  if (red.rank() == 0) return Op::combine(acc, loadInLoop<S, A>(base[0]));
   const int64_t last = red.rank() - 1, inner = red.shape[last], stride = red.strides[0][last];
   Odometer pos(red, begin);
   for (int64_t i = begin; i < end;) {
@@ -196,9 +196,9 @@ void reduceRows(const S* base, const ReductionPlan& p, A* result) {
 template <typename S, typename A, typename Op>
 MESHFUSE_SIMD_CLONES void accumulateColumns(A* __restrict acc, const S* __restrict src, int64_t n, int64_t stride) {
   if (stride == 1) {
-    for (int64_t j = 0; j < n; ++j) acc[j] = Op::combine(acc[j], Elem<S>::template load<A>(src[j]));
+    for (int64_t j = 0; j < n; ++j) acc[j] = Op::combine(acc[j], loadInLoop<S, A>(src[j]));
   } else {
-    for (int64_t j = 0; j < n; ++j) acc[j] = Op::combine(acc[j], Elem<S>::template load<A>(src[j * stride]));
+    for (int64_t j = 0; j < n; ++j) acc[j] = Op::combine(acc[j], loadInLoop<S, A>(src[j * stride]));
   }
 }
 
@@ -208,8 +208,8 @@ template <typename S, typename A, typename Op>
 MESHFUSE_SIMD_CLONES void accumulateColumns4(A* __restrict acc, const S* __restrict s0, const S* __restrict s1,
                                              const S* __restrict s2, const S* __restrict s3, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
-    const A a = Op::combine(Op::combine(acc[j], Elem<S>::template load<A>(s0[j])), Elem<S>::template load<A>(s1[j]));
-    acc[j] = Op::combine(Op::combine(a, Elem<S>::template load<A>(s2[j])), Elem<S>::template load<A>(s3[j]));
+    const A a = Op::combine(Op::combine(acc[j], loadInLoop<S, A>(s0[j])), loadInLoop<S, A>(s1[j]));
+    acc[j] = Op::combine(Op::combine(a, loadInLoop<S, A>(s2[j])), loadInLoop<S, A>(s3[j]));
   }
 }
 

@@ -3,11 +3,27 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/element_traits.h"
+#include "runtime/cpu/half_runs.h"
 
 namespace meshfuse::cpu {
+
+// dst[i] = src[i] for i < n, converted to T. Runs of Half and BFloat16 to float go through the
+// vectorized conversions (half_runs.h): converted one by one, they took most of a 16-bit kernel's time.
+template <typename S, typename T>
+void loadRun(const S* __restrict src, T* __restrict dst, int64_t n) {
+  // HalfBits and BFloat16Bits are a uint16_t each, so a run of them is a run of uint16_t.
+  if constexpr (std::is_same_v<S, HalfBits> && std::is_same_v<T, float>) {
+    halfToFloatRun(reinterpret_cast<const uint16_t*>(src), dst, n);
+  } else if constexpr (std::is_same_v<S, BFloat16Bits> && std::is_same_v<T, float>) {
+    bf16ToFloatRun(reinterpret_cast<const uint16_t*>(src), dst, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = Elem<S>::template load<T>(src[i]);
+  }
+}
 
 // dst[i] = base[offset of linear index start + i] for i < len, walking `shape`/`strides` (a
 // coalesced space, see StridedSpace) in row-major order, converted to T.
@@ -34,7 +50,7 @@ void gatherTile(const S* base, const std::vector<int64_t>& shape, const std::vec
     // cppcheck-suppress constStatement ; a declaration (cppcheck misreads the template's T)
     T* out = dst + done;
     if (inner_stride == 1) {
-      for (int64_t i = 0; i < run; ++i) out[i] = Elem<S>::template load<T>(src[i]);
+      loadRun<S, T>(src, out, run);
     } else if (inner_stride == 0) {
       std::fill(out, out + run, Elem<S>::template load<T>(src[0]));
     } else {
@@ -56,7 +72,13 @@ void gatherTile(const S* base, const std::vector<int64_t>& shape, const std::vec
 // dst[i] = src[i] rounded to the storage type S, for i < n.
 template <typename S, typename T>
 void storeTile(const T* __restrict src, S* __restrict dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = Elem<S>::template store<T>(src[i]);
+  if constexpr (std::is_same_v<S, HalfBits> && std::is_same_v<T, float>) {
+    floatToHalfRun(src, reinterpret_cast<uint16_t*>(dst), n);
+  } else if constexpr (std::is_same_v<S, BFloat16Bits> && std::is_same_v<T, float>) {
+    floatToBf16Run(src, reinterpret_cast<uint16_t*>(dst), n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = Elem<S>::template store<T>(src[i]);
+  }
 }
 
 }  // namespace meshfuse::cpu

@@ -52,6 +52,14 @@ def test_pointwise_chain_matches_float64():
     assert "meshfuse interpreted" in out, out
 
 
+def test_half_casts_match_numpy():
+    # The script checks each result against numpy and exits non-zero on a mismatch.
+    out = run_script("benchmarks/half_casts.py", "--mb", "0.25", "--calls", "1", "--repeat", "1")
+    for case in ("cast f32->f16", "cast f16->f32", "cast f32->bf16,", "cast f32->bf16->f32", "8 Half pointwise ops",
+                 "Half layernorm", "Half softmax"):
+        assert case in out, out
+
+
 def test_norms_cpu_table():
     out = run_script("benchmarks/norms.py", "--device", "cpu", "--rows", "64", "--cols", "256", "--repeat", "1")
     for case in ("| layernorm | meshfuse |", "| rmsnorm | meshfuse |", "| layernorm_bwd | meshfuse |"):
