@@ -160,28 +160,45 @@ HalfIsa bestHalfIsa() {
   return HalfIsa::Portable;
 }
 
-void halfToFloatRun(HalfIsa isa, const uint16_t* src, float* dst, int64_t n) {
+namespace {
+// One conversion's implementations: the AVX-512 and AVX2 ones exist where the x86 targets are built.
+template <typename Src, typename Dst>
+struct Implementations {
+  using Fn = void (*)(const Src*, Dst*, int64_t);
+  Fn avx512 = nullptr, avx2 = nullptr, portable = nullptr;
+};
+
+template <typename Src, typename Dst>
+void runOn(HalfIsa isa, const Implementations<Src, Dst>& fns, const Src* src, Dst* dst, int64_t n) {
+  if (isa == HalfIsa::Avx512F16c && fns.avx512 != nullptr) return fns.avx512(src, dst, n);
+  if (isa == HalfIsa::Avx2F16c && fns.avx2 != nullptr) return fns.avx2(src, dst, n);
+  fns.portable(src, dst, n);
+}
+
 #ifdef MESHFUSE_X86_TARGETS
-  if (isa == HalfIsa::Avx512F16c) return halfToFloatAvx512(src, dst, n);
-  if (isa == HalfIsa::Avx2F16c) return halfToFloatAvx2(src, dst, n);
+#define MESHFUSE_X86_ONLY(fn) fn
+#else
+#define MESHFUSE_X86_ONLY(fn) nullptr
 #endif
-  halfToFloatPortable(src, dst, n);
+}  // namespace
+
+void halfToFloatRun(HalfIsa isa, const uint16_t* src, float* dst, int64_t n) {
+  runOn<uint16_t, float>(
+      isa, {MESHFUSE_X86_ONLY(halfToFloatAvx512), MESHFUSE_X86_ONLY(halfToFloatAvx2), halfToFloatPortable}, src, dst,
+      n);
 }
 
 void floatToHalfRun(HalfIsa isa, const float* src, uint16_t* dst, int64_t n) {
-#ifdef MESHFUSE_X86_TARGETS
-  if (isa == HalfIsa::Avx512F16c) return floatToHalfAvx512(src, dst, n);
-  if (isa == HalfIsa::Avx2F16c) return floatToHalfAvx2(src, dst, n);
-#endif
-  floatToHalfPortable(src, dst, n);
+  runOn<float, uint16_t>(
+      isa, {MESHFUSE_X86_ONLY(floatToHalfAvx512), MESHFUSE_X86_ONLY(floatToHalfAvx2), floatToHalfPortable}, src, dst,
+      n);
 }
 
 void roundThroughHalfRun(HalfIsa isa, const float* src, float* dst, int64_t n) {
-#ifdef MESHFUSE_X86_TARGETS
-  if (isa == HalfIsa::Avx512F16c) return roundThroughHalfAvx512(src, dst, n);
-  if (isa == HalfIsa::Avx2F16c) return roundThroughHalfAvx2(src, dst, n);
-#endif
-  roundThroughHalfPortable(src, dst, n);
+  runOn<float, float>(
+      isa,
+      {MESHFUSE_X86_ONLY(roundThroughHalfAvx512), MESHFUSE_X86_ONLY(roundThroughHalfAvx2), roundThroughHalfPortable},
+      src, dst, n);
 }
 
 }  // namespace half_detail

@@ -16,9 +16,11 @@ namespace meshfuse::cpu {
 template <typename S, typename T>
 void loadRun(const S* __restrict src, T* __restrict dst, int64_t n) {
   // HalfBits and BFloat16Bits are a uint16_t each, so a run of them is a run of uint16_t.
-  if constexpr (std::is_same_v<S, HalfBits> && std::is_same_v<T, float>) {
+  constexpr bool kHalf = std::is_same_v<S, HalfBits> && std::is_same_v<T, float>;
+  constexpr bool kBf16 = std::is_same_v<S, BFloat16Bits> && std::is_same_v<T, float>;
+  if constexpr (kHalf) {
     halfToFloatRun(reinterpret_cast<const uint16_t*>(src), dst, n);
-  } else if constexpr (std::is_same_v<S, BFloat16Bits> && std::is_same_v<T, float>) {
+  } else if constexpr (kBf16) {
     bf16ToFloatRun(reinterpret_cast<const uint16_t*>(src), dst, n);
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i] = Elem<S>::template load<T>(src[i]);
@@ -69,12 +71,15 @@ void gatherTile(const S* base, const std::vector<int64_t>& shape, const std::vec
   }
 }
 
-// dst[i] = src[i] rounded to the storage type S, for i < n.
+// dst[i] = src[i] rounded to the storage type S, for i < n; runs of float to Half and BFloat16 through
+// the vectorized conversions, as loadRun.
 template <typename S, typename T>
 void storeTile(const T* __restrict src, S* __restrict dst, int64_t n) {
-  if constexpr (std::is_same_v<S, HalfBits> && std::is_same_v<T, float>) {
+  constexpr bool kHalf = std::is_same_v<S, HalfBits> && std::is_same_v<T, float>;
+  constexpr bool kBf16 = std::is_same_v<S, BFloat16Bits> && std::is_same_v<T, float>;
+  if constexpr (kHalf) {
     floatToHalfRun(src, reinterpret_cast<uint16_t*>(dst), n);
-  } else if constexpr (std::is_same_v<S, BFloat16Bits> && std::is_same_v<T, float>) {
+  } else if constexpr (kBf16) {
     floatToBf16Run(src, reinterpret_cast<uint16_t*>(dst), n);
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i] = Elem<S>::template store<T>(src[i]);
