@@ -26,9 +26,12 @@ py::object fusionObject(const Val* v) { return py::cast(v->fusion(), py::return_
 
 // A Val for Python, tied to its Fusion's lifetime. (Not py::keep_alive<0, 1>: pybind11 3.1 runs that
 // policy even when argument conversion failed, on its "try the next overload" sentinel, and crashes.)
+// An object Python already holds for v comes back from py::cast as is, already tied: tying it again
+// appended to pybind11's list of its patients every time (fd._fusion.outputs() does it on every
+// execute: 8-16 bytes per held tensor per execute, for as long as the script held the tensor).
 py::object toPython(Val* v) {
   py::object o = py::cast(v, py::return_value_policy::reference);
-  py::detail::keep_alive_impl(o, fusionObject(v));
+  if (!reinterpret_cast<py::detail::instance*>(o.ptr())->has_patients) py::detail::keep_alive_impl(o, fusionObject(v));
   return o;
 }
 
