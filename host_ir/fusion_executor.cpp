@@ -250,7 +250,9 @@ std::vector<Tensor> FusionExecutorCache::execute(const std::vector<Argument>& in
       GlobalShapes user_inputs;
       for (size_t i = 0; i < fusion_->inputs().size(); ++i)
         if (fusion_->inputs()[i]->isTensor()) user_inputs[fusion_->inputs()[i]] = sig.global[i];
-      program->resharded = insertResharding(*fusion_, bindShapes(*fusion_, user_inputs));
+      ReshardingOptions resharding;
+      resharding.float_half_products = device.type == DeviceType::CPU;
+      program->resharded = insertResharding(*fusion_, bindShapes(*fusion_, user_inputs), resharding);
       const Fusion& lowered = *program->resharded.fusion;
       GlobalShapes input_shapes;
       for (size_t i = 0; i < lowered.inputs().size(); ++i)

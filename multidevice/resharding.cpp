@@ -40,8 +40,8 @@ bool axesDistinct(const Sharding& s) {
 
 class ReshardingPass {
  public:
-  ReshardingPass(const Fusion& original, const BoundShapes& bound)
-      : original_(original), bound_(bound), out_(std::make_unique<Fusion>()) {
+  ReshardingPass(const Fusion& original, const BoundShapes& bound, const ReshardingOptions& options)
+      : original_(original), bound_(bound), options_(options), out_(std::make_unique<Fusion>()) {
     map_.assign(original.vals().size(), nullptr);
     for (const auto& v : original.vals()) {
       if (!v->isTensor()) continue;
@@ -415,13 +415,21 @@ class ReshardingPass {
     // no block structure left); a reshape's annotation must line up with its input's blocks.
     if (target && e->op() == OpType::Reshape && !(compute == wanted))
       checkViewAnnotationHonoured(e, inputs, wanted, compute, compute_mesh);
+    // ReshardingOptions::float_half_products says why. Not where the product is pipelined over
+    // streams (docs/overlap.md's linear + reduce-scatter loop, built around a matmul whose result is
+    // reduce-scattered as it is): those partials stay Half.
+    const bool float_product = options_.float_half_products && compute.isPartial() &&
+                               (e->op() == OpType::Matmul || e->op() == OpType::Linear) &&
+                               e->out()->dtype() == DataType::Half && e->out()->streamAxis() < 0;
     // Linear with bias and a Partial result: add the bias once, after the reduction.
     if (e->op() == OpType::Linear && inputs.size() == 3 && compute.isPartial()) {
       Sharding resolved = target ? *target : Sharding{};
       if (!target)
         for (int d = 0; d < kMeshDims; ++d) resolved.axis[d] = compute.partial[d] ? -1 : compute.axis[d];
-      TensorView* mm = lowerPiece(e, OpType::Linear, {inputs[0], inputs[1]}, compute_mesh, compute);
+      TensorView* mm = lowerPiece(e, OpType::Linear, {inputs[0], inputs[1]}, compute_mesh, compute,
+                                  float_product ? std::optional(DataType::Float) : std::nullopt);
       TensorView* reduced = reshard(mm, mesh, resolved);
+      if (float_product) reduced = emitSet(reduced, *reduced->deviceMesh(), shardingOf(reduced), DataType::Half);
       TensorView* bias = static_cast<TensorView*>(inputs[2]);
       const Expr* add = biasAdd(reduced, bias);
       return lowerCompute(add, {reduced, bias}, mesh, resolved);
@@ -434,8 +442,9 @@ class ReshardingPass {
                                  (e->out()->dtype() == DataType::Half || e->out()->dtype() == DataType::BFloat16);
     // A Partial result waits through views for the tensor that reshards it (a max's reduction op is
     // read back through them: partialOp). A 16-bit sum does not: it is widened instead.
-    const bool waits = !sixteen_bit_sum && compute_mesh == mesh && compute.isPartial() && partialCanWait(e->out());
-    const bool widened = !waits && compute.isPartial() && sixteen_bit_sum;
+    const bool waits =
+        !sixteen_bit_sum && !float_product && compute_mesh == mesh && compute.isPartial() && partialCanWait(e->out());
+    const bool widened = !waits && compute.isPartial() && (sixteen_bit_sum || float_product);
     TensorView* result =
         lowerPiece(e, e->op(), inputs, compute_mesh, compute, widened ? std::optional(DataType::Float) : std::nullopt);
     Sharding final_target = target.value_or(Sharding{});
@@ -609,6 +618,7 @@ class ReshardingPass {
 
   const Fusion& original_;
   const BoundShapes& bound_;
+  ReshardingOptions options_;
   std::unique_ptr<Fusion> out_;
   std::vector<Val*> map_;
   std::optional<DeviceMesh> default_mesh_;
@@ -620,8 +630,8 @@ class ReshardingPass {
 
 }  // namespace
 
-ReshardedFusion insertResharding(const Fusion& fusion, const BoundShapes& bound) {
-  return ReshardingPass(fusion, bound).run();
+ReshardedFusion insertResharding(const Fusion& fusion, const BoundShapes& bound, const ReshardingOptions& options) {
+  return ReshardingPass(fusion, bound, options).run();
 }
 
 }  // namespace meshfuse

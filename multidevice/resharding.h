@@ -27,7 +27,17 @@ using BoundShapes = std::unordered_map<const Val*, std::vector<int64_t>>;
 // Propagates shardings to unannotated tensors and inserts resharding sets. Throws UserError for
 // shardings that cannot be reconciled, naming both tensors and their shardings. `bound` gives the
 // extents behind symbolic ones (a -1 bound to 1 broadcasts); tensors it lacks use their definition.
-ReshardedFusion insertResharding(const Fusion& fusion, const BoundShapes& bound = {});
+// What the executing device can compute that resharding may rely on.
+struct ReshardingOptions {
+  // A Half matmul or linear whose contraction is sharded computes its Partial product in float32,
+  // reduced across ranks in float32 and rounded to Half once (a rank's Half partial past 65504 was
+  // inf, and the sum inf or NaN). The CPU's matmul writes any output dtype; the CUDA one (cuBLASLt,
+  // runtime/cuda/matmul.cpp) takes one dtype for inputs and output, so there the partials stay Half.
+  bool float_half_products = false;
+};
+
+ReshardedFusion insertResharding(const Fusion& fusion, const BoundShapes& bound = {},
+                                 const ReshardingOptions& options = {});
 
 // A set whose input and output differ in mesh or sharding.
 bool isResharding(const Expr* e);

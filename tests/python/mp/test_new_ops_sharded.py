@@ -316,6 +316,35 @@ def test_a_merge_whose_outer_axis_is_symbolic_keeps_the_sharding(rows):
     np.testing.assert_array_equal(out, block(full.reshape(-1)))
 
 
+@pytest.mark.parametrize("scattered", [False, True], ids=["allreduce", "reduce-scatter"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
+def test_a_half_linear_with_a_sharded_contraction_sums_float32_partials(scattered, bias):
+    """Each rank's Half partial product was rounded to Half before the allreduce or reduce-scatter: rank
+    0's 65536 became inf, and so did the output, whose true value (65536 - 256 (W - 1), plus the bias)
+    is a finite Half. On the CPU the partials are float32 now, rounded once after the reduction."""
+    x_full = np.full((2 * WORLD, WORLD), 256, np.float16)
+    w_full = np.full((3, WORLD), -1, np.float16)
+    w_full[:, 0] = 256  # rank 0's partial: 256 * 256 = 65536, past Half's 65504
+    b_full = np.array([0.5, -0.5, 1.0], np.float16)
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([2 * WORLD, WORLD], DataType.Half), fd.define_tensor([3, WORLD], DataType.Half)
+        b = fd.define_tensor([3], DataType.Half) if bias else None
+        y = fd.ops.linear(x, w, b)
+        fd.add_output(y)
+        shard(x, 1)
+        shard(w, 1)
+        if b is not None:
+            b.set_device_mesh(MESH)
+        if scattered:
+            shard(y, 0)
+        else:
+            y.set_device_mesh(MESH)
+    want = x_full.astype(np.float64) @ w_full.astype(np.float64).T + (b_full if bias else 0)
+    (out,) = fd.execute([block(x_full, 1), block(w_full, 1)] + ([b_full] if bias else []))
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(out, (block(want) if scattered else want).astype(np.float16))
+
+
 @pytest.mark.parametrize("op", ["var_mean", "sum", "mean"])
 def test_a_half_reduction_over_the_sharded_axis_is_reduced_in_float32(op):
     """Each rank's Half partial of a sum over the sharded axis was rounded to Half before the allreduce:
