@@ -379,15 +379,16 @@ class _Ops:
         return _C.ops.broadcast_in_dim(x, target, list(range(x.ndim)))
 
     def clamp(self, x, min=None, max=None):  # noqa: A002 (torch's and nvFuser's names)
-        """x limited to [min, max] (either may be None), as torch.clamp: NaN stays NaN."""
+        """x limited to [min, max] (either may be None; numbers or tensors), as torch.clamp and
+        np.clip: a NaN in x or in a bound gives NaN (maximum and minimum let NaN win)."""
         x = self._tensor(x, "clamp")
         if min is None and max is None:
             raise ValueError("clamp: give min, max or both")
         out = x
         if min is not None:
-            out = self.where(self.lt(out, min), min, out)
+            out = self.maximum(out, min)
         if max is not None:
-            out = self.where(self.gt(out, max), max, out)
+            out = self.minimum(out, max)
         return out
 
     def broadcast_in_dim(self, x, shape, broadcast_dims):

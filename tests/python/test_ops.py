@@ -252,6 +252,12 @@ def test_clamp_matches_numpy_and_keeps_nan(rng, dtype):
     np.testing.assert_array_equal(out, np.minimum(x, dtype(0.0)))
     with pytest.raises(ValueError, match="clamp: give min"):
         run_fusion(lambda fd, t: fd.ops.clamp(t), x)
+    # Tensor bounds, NaN among them: NaN, as np.clip and torch.clamp give.
+    lo = np.array([np.nan, np.nan, 0, 0], dtype)
+    hi = np.array([1, np.nan, np.nan, 1], dtype)
+    v = np.array([-2, 0.5, 3, np.nan], dtype)
+    (out,) = run_fusion(lambda fd, t, a, b: fd.ops.clamp(t, a, b), v, lo, hi)
+    np.testing.assert_array_equal(out, np.clip(v, lo, hi))
 
 
 @pytest.mark.parametrize("in_shape,out_shape,dims", [
