@@ -60,6 +60,13 @@ def test_half_casts_match_numpy():
         assert case in out, out
 
 
+def test_reductions_match_numpy():
+    # The script checks each reduction against float64 numpy and exits non-zero on a mismatch.
+    out = run_script("benchmarks/reductions.py", "--shapes", "64x300", "--calls", "1", "--repeat", "1")
+    for case in ("sum axis 1 64x300", "max axis 0 64x300", "mean axis 1 64x300"):
+        assert case in out, out
+
+
 def test_norms_cpu_table():
     out = run_script("benchmarks/norms.py", "--device", "cpu", "--rows", "64", "--cols", "256", "--repeat", "1")
     for case in ("| layernorm | meshfuse |", "| rmsnorm | meshfuse |", "| layernorm_bwd | meshfuse |"):
