@@ -12,7 +12,6 @@ shards them; the backward fusion returns each gradient with its parameter's shar
 gradients are identical on every rank, data-parallel ones are already reduced), so a plain
 optimizer step keeps the ranks consistent.
 """
-import copy
 import dataclasses
 import functools
 
