@@ -113,7 +113,41 @@ std::string Communicator::forkedChildError() const {
 
 bool Communicator::exists() { return communicator_created.load(std::memory_order_acquire); }
 
+namespace {
+// A process that a rank starts itself (multiprocessing's spawn or forkserver workers, a subprocess)
+// inherits the rank's launcher environment: MPI_Init there took the launcher's identity of that rank
+// and crashed ("orte_init failed") or hung the worker pool. The rank records who it is; a process
+// with the same launcher identity but another pid is refused before MPI_Init. A job that a rank
+// launches (a nested mpirun) has a namespace of its own, and passes.
+constexpr const char* kLaunchedRankVariable = "MESHFUSE_LAUNCHED_RANK";
+
+std::string launcherIdentity() {
+  const char* ns = std::getenv("PMIX_NAMESPACE");
+  const char* rank = std::getenv("PMIX_RANK");
+  if (ns == nullptr || rank == nullptr) return "";
+  return std::string(ns) + ":" + rank;
+}
+
+void refuseChildOfARank() {
+  const char* recorded = std::getenv(kLaunchedRankVariable);
+  const std::string mine = launcherIdentity();
+  if (recorded == nullptr || mine.empty()) return;
+  const std::string value(recorded);
+  const size_t at = value.rfind(':');
+  if (at == std::string::npos || value.substr(0, at) != mine) return;
+  const std::string pid = value.substr(at + 1);
+  if (pid == std::to_string(getpid())) return;
+  const std::string rank = mine.substr(mine.rfind(':') + 1);
+  throw UserError("meshfuse: this process (pid " + std::to_string(getpid()) + ") was started by rank " + rank +
+                  " (pid " + pid +
+                  ") of the job, not by the launcher, and is no rank: MPI cannot start in it. Run meshfuse in "
+                  "the processes the launcher started; workers (a DataLoader's, a process pool) may load data, "
+                  "not execute");
+}
+}  // namespace
+
 Communicator::Communicator() {
+  refuseChildOfARank();
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -137,6 +171,8 @@ Communicator::Communicator() {
   size_ = world_size;
   owner_pid_ = static_cast<int64_t>(getpid());
   the_communicator = this;
+  if (const std::string identity = launcherIdentity(); !identity.empty())
+    setenv(kLaunchedRankVariable, (identity + ":" + std::to_string(owner_pid_)).c_str(), /*overwrite=*/1);
 
   nodes_ = NodeTopology::discover();
 

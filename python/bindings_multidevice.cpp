@@ -1,6 +1,8 @@
 // DeviceMesh, CommunicatorBackend and the process's Communicator.
 #include <pybind11/stl.h>
 
+#include <cstdlib>
+
 #include "backends/backend.h"
 #include "multidevice/communicator.h"
 #include "multidevice/device_mesh.h"
@@ -126,8 +128,20 @@ void bindMultidevice(py::module_& m) {
 
   constexpr auto ref = py::return_value_policy::reference;
   py::class_<Communicator, std::unique_ptr<Communicator, py::nodelete>>(m, "Communicator")
-      .def_static("instance", &Communicator::instance, ref,
-                  "The process's communicator (initializes MPI on first use; a world of one without a launcher)")
+      .def_static(
+          "instance",
+          []() -> Communicator& {
+            (void)Communicator::instance();  // started here, if not yet
+            // The rank's record of itself (communicator.cpp: a process it starts is refused) is set in
+            // the C environment, which os.environ does not see: a subprocess given env=dict(os.environ)
+            // would lose it. Mirrored once.
+            if (const char* launched = std::getenv("MESHFUSE_LAUNCHED_RANK")) {
+              py::object environ = py::module_::import("os").attr("environ");
+              if (!environ.contains("MESHFUSE_LAUNCHED_RANK")) environ["MESHFUSE_LAUNCHED_RANK"] = launched;
+            }
+            return Communicator::instance();
+          },
+          ref, "The process's communicator (initializes MPI on first use; a world of one without a launcher)")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("local_rank", &Communicator::localRank)

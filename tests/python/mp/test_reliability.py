@@ -249,3 +249,26 @@ def test_a_forked_child_is_no_rank_and_its_exit_leaves_the_world_alone():
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3, status
     np.testing.assert_array_equal(fd.execute([MINE])[0], np.maximum(FULL, 0))
+
+
+def test_a_process_a_rank_starts_is_no_rank_and_says_so():
+    """A worker that a rank starts (multiprocessing's spawn, a subprocess) inherits the rank's launcher
+    environment: MPI_Init there crashed ("orte_init failed") or hung the pool. It raises a clear error
+    now, and the rank goes on."""
+    import subprocess
+    import sys
+    code = ("from meshfuse.multidevice import Communicator\n"
+            "try:\n"
+            "    Communicator.instance()\n"
+            "except ValueError as e:\n"
+            "    print(e)\n"
+            "    raise SystemExit(3)\n")
+    env = dict(os.environ)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    if "PMIX_NAMESPACE" not in env:  # not started by a launcher (a world of one): the child is a world of one
+        assert child.returncode == 0, child.stderr
+        return
+    assert child.returncode == 3, (child.stdout, child.stderr)
+    assert f"was started by rank {RANK}" in child.stdout and "is no rank" in child.stdout, child.stdout
+    fd = _gather_relu()
+    np.testing.assert_array_equal(fd.execute([MINE])[0], np.maximum(FULL, 0))
