@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from meshfuse import DataType, FusionDefinition, _C  # noqa: E402
+from meshfuse import DataType, FusionDefinition  # noqa: E402
 from norms import define as define_norm  # noqa: E402
 from timing import best_time, positive_int  # noqa: E402
 
@@ -65,10 +65,9 @@ def raw_runner(fd, inputs):
     become a numpy array, and execute() refuses it up front)."""
     plan, _ = fd._fast_plan()
     fd._plan = (plan, False)  # no BFloat16 output to refuse: it is never exported here
-    if fd._cache is None:
-        fd._cache = _C.FusionExecutorCache(fd._fusion)
+    cache = fd._executor_cache()
     args, _ = fd._arguments(inputs)
-    return lambda: fd._cache.execute(args, fd._params)
+    return lambda: cache.execute(args, fd._params)
 
 
 def special_values(rng, n):

@@ -3,6 +3,7 @@
 #include "multidevice/communicator.h"
 
 #include <mpi.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +77,9 @@ bool registerBackend(CommunicatorBackend type, BackendFactory factory, BackendWo
 namespace {
 std::atomic<bool> communicator_created{false};
 Communicator* the_communicator = nullptr;  // for the exit handler, which must not run instance()'s check
+// Set in a fork's child (pthread_atfork, registered when the world is joined): instance() reads it on
+// every call, where a getpid() would be a system call each time.
+std::atomic<bool> in_forked_child{false};
 }  // namespace
 
 namespace {
@@ -102,7 +106,7 @@ Communicator& Communicator::instance() {
   return *communicator;
 }
 
-bool Communicator::inForkedChild() const { return static_cast<int64_t>(getpid()) != owner_pid_; }
+bool Communicator::inForkedChild() const { return in_forked_child.load(std::memory_order_relaxed); }
 
 std::string Communicator::forkedChildError() const {
   return "meshfuse: this process (pid " + std::to_string(getpid()) + ") is a fork of rank " + std::to_string(rank_) +
@@ -171,6 +175,7 @@ Communicator::Communicator() {
   size_ = world_size;
   owner_pid_ = static_cast<int64_t>(getpid());
   the_communicator = this;
+  pthread_atfork(nullptr, nullptr, [] { in_forked_child.store(true, std::memory_order_relaxed); });
   if (const std::string identity = launcherIdentity(); !identity.empty())
     setenv(kLaunchedRankVariable, (identity + ":" + std::to_string(owner_pid_)).c_str(), /*overwrite=*/1);
 

@@ -577,8 +577,7 @@ class FusionDefinition:
                 params.executor.trace_host = bool(trace_host)
             elif trace_host:
                 raise ValueError("execute: trace_host=True needs trace=<path> to write the trace to")
-            if self._cache is None:
-                self._cache = _C.FusionExecutorCache(self._fusion)
+            self._executor_cache()
             try:
                 if rng_offset is not None:
                     params.executor.rng_offset = self._checked_rng_offset(rng_offset)
@@ -742,9 +741,15 @@ class FusionDefinition:
             raise TypeError(f"report_error: error must be a TypeError or ValueError, got {type(error).__name__}")
         self._ensure_defined()
         with self._lock:
-            if self._cache is None:
-                self._cache = _C.FusionExecutorCache(self._fusion)
+            self._executor_cache()
             self._fail_other_ranks(error, self._params)
+
+    def _executor_cache(self):
+        """The C++ executor cache, made at first use (execute or report_error; the definition is frozen
+        from then on). Called with self._lock held."""
+        if self._cache is None:
+            self._cache = _C.FusionExecutorCache(self._fusion)
+        return self._cache
 
     def _fail_other_ranks(self, error, params):
         """The other ranks wait in execute() for this rank's inputs: tell them this rank's were bad, so

@@ -304,11 +304,10 @@ bool stageProgram(const Kernel<float>& k, Stage& stage, TileProgram& tp) {
     TileProgram::Operand* operands[3] = {&t.a, &t.b, &t.c};
     for (int a = 0; a < s.nargs; ++a) {
       const Ref& r = s.args[a];
+      // A scalar input's value is a parameter too (a new entry each time: constants name no value).
       if (r.home == Home::Constant && !r.bound_at_execute)
         operands[a]->scalar = r.constant;
-      else if (r.home == Home::Constant)
-        operands[a]->param = indexIn(stage.params, r);  // a new entry each time: constants name no value
-      else if (r.home == Home::RowScalar || r.home == Home::Shared)
+      else if (r.home == Home::Constant || r.home == Home::RowScalar || r.home == Home::Shared)
         operands[a]->param = indexIn(stage.params, r);
       else
         operands[a]->slot = slotOf(r);

@@ -131,6 +131,23 @@ MESHFUSE_SIMD_CLONES void applyWhere(TileOperand<T> c, TileOperand<T> a, TileOpe
   for (int64_t i = 0; i < n; ++i) out[i] = at(c, i) != T(0) ? at(a, i) : at(b, i);
 }
 
+// out[i] = x[i] rounded to storage type S and read back as T, for i < n; `out` may be `x`. Float
+// through Half and BFloat16 take the vectorized runs (half_runs.h), as a cast to them runs over
+// every element (specializations below: a call in an `if constexpr` branch on T was checked by
+// clang for T = double too, where it does not exist).
+template <typename S, typename T>
+void roundThroughRun(const T* x, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = Elem<S>::template load<T>(Elem<S>::template store<T>(x[i]));
+}
+template <>
+inline void roundThroughRun<HalfBits, float>(const float* x, float* out, int64_t n) {
+  roundThroughHalfRun(x, out, n);
+}
+template <>
+inline void roundThroughRun<BFloat16Bits, float>(const float* x, float* out, int64_t n) {
+  roundThroughBf16Run(x, out, n);
+}
+
 // out[i] = x[i] rounded to `dtype` and read back as T (a cast inside a fused computation).
 // `out` may be `x`.
 template <typename T>
@@ -139,12 +156,8 @@ MESHFUSE_SIMD_CLONES void applyRounding(DataType dtype, const T* x, T* out, int6
     using S = typename decltype(tag)::type;
     if constexpr (std::is_same_v<S, T>) {
       if (out != x) std::memcpy(out, x, static_cast<size_t>(n) * sizeof(T));
-    } else if constexpr (std::is_same_v<S, HalfBits> && std::is_same_v<T, float>) {
-      roundThroughHalfRun(x, out, n);  // vectorized (half_runs.h), as a cast to Half runs over every element
-    } else if constexpr (std::is_same_v<S, BFloat16Bits> && std::is_same_v<T, float>) {
-      roundThroughBf16Run(x, out, n);
     } else {
-      for (int64_t i = 0; i < n; ++i) out[i] = Elem<S>::template load<T>(Elem<S>::template store<T>(x[i]));
+      roundThroughRun<S, T>(x, out, n);
     }
   });
 }

@@ -113,11 +113,7 @@ MESHFUSE_SIMD_CLONES A accumulateRun(const S* __restrict p, int64_t n, int64_t s
       for (A& lane : lanes) lane = Op::init();
       for (; i + kLanes <= n; i += kLanes) {
 #pragma omp simd
-        for (int64_t l = 0; l < kLanes; ++l) {
-          // Op::combine as one select without a short-circuit (which kept the loop scalar).
-          const A lane = lanes[l], v = loadInLoop<S, A>(p[i + l]);
-          lanes[l] = ((lane != lane) | (lane > v)) ? lane : v;  // NOLINT(misc-redundant-expression)
-        }
+        for (int64_t l = 0; l < kLanes; ++l) lanes[l] = Op::combine(lanes[l], loadInLoop<S, A>(p[i + l]));
       }
       for (const A& lane : lanes) acc = Op::combine(acc, lane);
     }
